@@ -1,0 +1,18 @@
+"""nnkernels: GPU kernels for training convolutional networks, written in Triton."""
+from .kernel import CompiledKernel, KernelObject, catalogue, kernel_object
+from .ops.avg_pool2d import Avgpool2dBackward, Avgpool2dForward
+from .ops.batch_norm2d import BatchNorm2dNchwBackward, BatchNorm2dNchwForwardInference
+from .ops.conv2d import Conv2dBackward, Conv2dForward
+
+__all__ = [
+    "Avgpool2dBackward",
+    "Avgpool2dForward",
+    "BatchNorm2dNchwBackward",
+    "BatchNorm2dNchwForwardInference",
+    "CompiledKernel",
+    "Conv2dBackward",
+    "Conv2dForward",
+    "KernelObject",
+    "catalogue",
+    "kernel_object",
+]

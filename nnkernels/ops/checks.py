@@ -1,0 +1,27 @@
+"""Size checks shared by the kernels' launchers: each names the argument and what was expected."""
+from ..kernel import INT32_MAX
+
+
+def check_numel(name, tensor, expected, formula):
+    if tensor.numel() != expected:
+        raise ValueError(f"{name}: expected {formula} = {expected} elements, got {tensor.numel()}")
+
+
+def check_output_size(name, got, size, kernel, stride, pad, size_name, k_name, stride_name, pad_name):
+    """`got` must equal (size + 2*pad - kernel) // stride + 1, which must be >= 1."""
+    if size + 2 * pad < kernel:
+        raise ValueError(
+            f"{size_name}: padded input size {size} + 2*{pad_name} = {size + 2 * pad} is smaller than "
+            f"{k_name} = {kernel}"
+        )
+    expected = (size + 2 * pad - kernel) // stride + 1
+    if got != expected:
+        raise ValueError(
+            f"{name}: expected ({size_name} + 2*{pad_name} - {k_name}) // {stride_name} + 1 = {expected}, got {got}"
+        )
+
+
+def check_grid(num_programs):
+    if num_programs > INT32_MAX:
+        raise ValueError(f"grid: {num_programs} programs exceed the 2**31 - 1 that one grid axis holds")
+    return (num_programs,)

@@ -1,0 +1,34 @@
+"""What every test shares: the device the suite runs on, poisoned outputs, float64 references."""
+import pytest
+import torch
+
+from nnkernels.kernel import INTERPRETED
+
+# Interpreted processes run the kernels on CPU tensors; compiled ones on the GPU.
+DEVICE = "cpu" if INTERPRETED else "cuda"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Relative error (||out - ref|| / ||ref||) allowed per element type.
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-12}
+gpu = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA device")
+
+
+def randn(*shape, dtype=torch.float32, generator=None):
+    """Fresh random data (never zeros), made in float32 on the CPU and moved to the suite's device."""
+    return torch.randn(*shape, generator=generator).to(device=DEVICE, dtype=dtype)
+
+
+def poisoned(*shape, dtype=torch.float32):
+    """An output buffer full of NaN, so an element the kernel does not write fails the comparison."""
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+def assert_close(out, ref, dtype=None, tol=None):
+    """||out - ref|| / ||ref|| within the tolerance of `dtype` (or `tol`); no NaN anywhere."""
+    tol = tol if tol is not None else TOLERANCE[dtype or out.dtype]
+    out64 = out.detach().to("cpu", torch.float64)
+    ref64 = ref.detach().to("cpu", torch.float64)
+    assert out64.shape == ref64.shape, f"shape {tuple(out64.shape)} != {tuple(ref64.shape)}"
+    assert not torch.isnan(out64).any(), f"{int(torch.isnan(out64).sum())} elements unwritten or NaN"
+    scale = ref64.norm().item() or 1.0
+    err = (out64 - ref64).norm().item() / scale
+    assert err <= tol, f"relative error {err:.3e} > {tol:.1e}"
