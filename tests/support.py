@@ -32,3 +32,8 @@ def assert_close(out, ref, dtype=None, tol=None):
     scale = ref64.norm().item() or 1.0
     err = (out64 - ref64).norm().item() / scale
     assert err <= tol, f"relative error {err:.3e} > {tol:.1e}"
+
+
+def dtype_id(dtype) -> str:
+    """Readable test ids: fp32, fp16, bf16."""
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]

@@ -52,6 +52,14 @@ def avgpool2d_forward(
     tl.store(y_row + ow, (acc / (KH * KW)).to(y.dtype.element_ty), mask=ow_in_range)
 
 
+Avgpool2dForward = kernel_object(
+    avgpool2d_forward,
+    example=(2, 2, 2, 2, 64),
+    entry=avg_pool2d_entry,
+    seed=True,
+)
+
+
 @triton.jit
 def avgpool2d_backward(
     dy, dx, B, C, H, W, OH, OW,
@@ -79,5 +87,9 @@ def avgpool2d_backward(
             tl.atomic_add(dx_plane + (oh * STRIDE_H + kh) * W + ow * STRIDE_W + kw, share, mask=ow_in_range)
 
 
-Avgpool2dForward = kernel_object(avgpool2d_forward, example=(2, 2, 2, 2, 64), entry=avg_pool2d_entry, seed=True)
-Avgpool2dBackward = kernel_object(avgpool2d_backward, example=(2, 2, 2, 2, 64), entry=avg_pool2d_entry, seed=True)
+Avgpool2dBackward = kernel_object(
+    avgpool2d_backward,
+    example=(2, 2, 2, 2, 64),
+    entry=avg_pool2d_entry,
+    seed=True,
+)

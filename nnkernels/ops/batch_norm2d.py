@@ -62,6 +62,15 @@ def batch_norm2d_nchw_forward_inference(
         tl.store(y + plane + hw, (xv * scale + shift).to(y.dtype.element_ty), mask=in_plane)
 
 
+BatchNorm2dNchwForwardInference = kernel_object(
+    batch_norm2d_nchw_forward_inference,
+    example=(1024,),
+    entry=batch_norm_forward_inference_entry,
+    floats=("eps",),
+    seed=True,
+)
+
+
 @triton.jit
 def batch_norm2d_nchw_backward(
     dy, x, dx, weight, running_mean, running_var, dweight, dbias, B, C, HW, eps, BLOCK_HW: tl.constexpr,
@@ -94,5 +103,10 @@ def batch_norm2d_nchw_backward(
     tl.store(dbias + c, tl.sum(sum_dy, axis=0).to(dbias.dtype.element_ty))
 
 
-BatchNorm2dNchwForwardInference = kernel_object(batch_norm2d_nchw_forward_inference, example=(1024,), entry=batch_norm_forward_inference_entry, floats=("eps",), seed=True)
-BatchNorm2dNchwBackward = kernel_object(batch_norm2d_nchw_backward, example=(1024,), entry=batch_norm_backward_entry, floats=("eps",), seed=True)
+BatchNorm2dNchwBackward = kernel_object(
+    batch_norm2d_nchw_backward,
+    example=(1024,),
+    entry=batch_norm_backward_entry,
+    floats=("eps",),
+    seed=True,
+)

@@ -76,6 +76,15 @@ def conv2d_forward(
     tl.store(y_row + ow, acc.to(y.dtype.element_ty), mask=ow_in_range)
 
 
+Conv2dForward = kernel_object(
+    conv2d_forward,
+    example=(3, 3, 1, 1, 1, 1, 1, 64),
+    entry=conv2d_entry,
+    nonnegative=("PAD_H", "PAD_W"),
+    seed=True,
+)
+
+
 @triton.jit
 def conv2d_backward(
     dy, x, w, dx, dw, B, C_IN, C_OUT, H, W, OH, OW,
@@ -119,5 +128,10 @@ def conv2d_backward(
                     tl.atomic_add(dw + tap + kh * KW + kw, tl.sum(dyv * xv, axis=0).to(dw.dtype.element_ty))
 
 
-Conv2dForward = kernel_object(conv2d_forward, example=(3, 3, 1, 1, 1, 1, 1, 64), entry=conv2d_entry, nonnegative=("PAD_H", "PAD_W"), seed=True)
-Conv2dBackward = kernel_object(conv2d_backward, example=(3, 3, 1, 1, 1, 1, 1, 64), entry=conv2d_entry, nonnegative=("PAD_H", "PAD_W"), seed=True)
+Conv2dBackward = kernel_object(
+    conv2d_backward,
+    example=(3, 3, 1, 1, 1, 1, 1, 64),
+    entry=conv2d_entry,
+    nonnegative=("PAD_H", "PAD_W"),
+    seed=True,
+)
