@@ -1,0 +1,5 @@
+"""`python -m nnkernels` runs the `nnkernels` command."""
+from .cli import main
+
+if __name__ == "__main__":
+    main()
