@@ -42,6 +42,8 @@ INT32_MAX = 2**31 - 1
 COMPILE_TARGETS = (80, 86, 87, 89, 90, 100, 120)
 
 _CATALOGUE: "OrderedDict[str, type]" = OrderedDict()
+_FIRST_LAUNCH = threading.RLock()
+_LAUNCHED: set = set()  # (kernel hash, device) of every kernel that has run once
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,6 @@ class KernelObject:
         key = f"{self.source}|{self.id}|{sorted(values.items())}|{self.num_warps}|{self.num_stages}"
         self.hash = hashlib.sha256(key.encode()).hexdigest()
         self._compiled: dict[str, CompiledKernel] = {}
-        self._launched_on: set = set()
-        self._first_launch = threading.Lock()
 
     def _bind_constants(self, positional, named) -> dict:
         cls = type(self)
@@ -218,13 +218,16 @@ class KernelObject:
         constexprs = dict(self.constants)
         options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            if device in self._launched_on:
+            first = (self.hash, device)
+            if not INTERPRETED and first in _LAUNCHED:
                 cls._runner[grid](*args, **constexprs, **options)
                 return
-            # The first launch on a device compiles: one thread does it, the others wait and reuse it.
-            with self._first_launch:
+            # A kernel's first compiled launch compiles it: one thread does, the others wait and reuse it.
+            # The interpreter patches Triton's language for the whole process while it runs, so
+            # interpreted launches always go one at a time.
+            with _FIRST_LAUNCH:
                 cls._runner[grid](*args, **constexprs, **options)
-                self._launched_on.add(device)
+                _LAUNCHED.add(first)
 
     def compile(self, target: str = "sm_90") -> CompiledKernel:
         """Compile ahead of time for `target` (e.g. "sm_90") with Triton's compiler; needs no GPU."""
