@@ -1,0 +1,164 @@
+"""`avg_pool2d`: `torch.nn.functional.avg_pool2d` on nnkernels' gather kernels, with autograd.
+
+Registered as the custom operators `nnkernels::avg_pool2d` and `nnkernels::avg_pool2d_backward`
+(each with a fake implementation), so `torch.compile(fullgraph=True)` traces through it.
+`last_kernels()` names the kernel objects the latest call launched.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from types import SimpleNamespace
+
+import torch
+
+from ..ops.avg_pool2d_gather import (
+    AvgPool2dGatherBackward,
+    AvgPool2dGatherForward,
+    pooled_size,
+    pooling_blocks,
+    uniform_divisor,
+)
+
+# The kernel classes this op launches (for `nnkernels list`).
+KERNEL_CLASSES = (AvgPool2dGatherForward, AvgPool2dGatherBackward)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+log = logging.getLogger("nnkernels")
+_last_kernels: dict[str, str] = {}
+
+
+def last_kernels() -> dict[str, str]:
+    """{"forward": id, "backward": id}: the kernel objects the latest forward and backward launched."""
+    return dict(_last_kernels)
+
+
+def _pair(value, name, *, lowest):
+    """An int or a pair of ints, each >= lowest, as a 2-list."""
+    pair = [value, value] if isinstance(value, int) else list(value) if isinstance(value, (tuple, list)) else None
+    if pair is None or len(pair) != 2 or any(not isinstance(v, int) or isinstance(v, bool) for v in pair):
+        raise TypeError(f"{name}: expected an int or a pair of ints, got {value!r}")
+    if min(pair) < lowest:
+        raise ValueError(f"{name}: expected values >= {lowest}, got {value!r}")
+    return pair
+
+
+def _check(x, kernel_size, stride, padding, divisor_override):
+    """Validate every argument (nothing is launched before this passes); return the normalised options."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x: expected float32, float16 or bfloat16, got {x.dtype}")
+    if x.dim() not in (3, 4):
+        raise ValueError(f"x: expected a 3-D (C, H, W) or 4-D (B, C, H, W) tensor, got shape {tuple(x.shape)}")
+    kernel = _pair(kernel_size, "kernel_size", lowest=1)
+    strides = kernel if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else _pair(
+        stride, "stride", lowest=1)
+    pads = _pair(padding, "padding", lowest=0)
+    if any(2 * p > k for p, k in zip(pads, kernel)):
+        raise ValueError(f"padding: expected at most half of kernel_size {tuple(kernel)}, got {tuple(pads)}")
+    if divisor_override is not None and (
+        not isinstance(divisor_override, int) or isinstance(divisor_override, bool) or divisor_override < 1
+    ):
+        raise ValueError(f"divisor_override: expected None or a positive int, got {divisor_override!r}")
+    H, W = x.shape[-2:]
+    if H + 2 * pads[0] < kernel[0] or W + 2 * pads[1] < kernel[1]:
+        raise ValueError(
+            f"x: padded input {H + 2 * pads[0]}x{W + 2 * pads[1]} is smaller than kernel_size {tuple(kernel)}"
+        )
+    return kernel, strides, pads
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(cls, dtype, kh, kw, sh, sw, ph, pw, count_include_pad, divisor, uniform, block_r, block_w):
+    return cls(kh, kw, sh, sw, ph, pw, count_include_pad, divisor, uniform, block_r, block_w, dtype=dtype)
+
+
+def _launch(cls, source, out, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor):
+    """Launch the forward (source = x, out = y) or the backward (source = dy, out = dx)."""
+    planes = out.shape[0] * out.shape[1]
+    rows, cols = (planes * H, W) if cls is AvgPool2dGatherBackward else (planes * OH, OW)
+    # The window options under the attribute names `uniform_divisor` reads from a kernel object.
+    options = SimpleNamespace(kh=kernel[0], kw=kernel[1], stride_h=stride[0], stride_w=stride[1], pad_h=padding[0],
+                              pad_w=padding[1], count_include_pad=count_include_pad, divisor_override=divisor)
+    uniform = uniform_divisor(options, H, W, OH, OW)
+    k = _kernel(cls, out.dtype, *kernel, *stride, *padding, count_include_pad, divisor, uniform,
+                *pooling_blocks(rows, cols))
+    k.launch(source, out, planes, H, W, OH, OW)
+    direction = "backward" if cls is AvgPool2dGatherBackward else "forward"
+    _last_kernels[direction] = k.id
+    log.debug("avg_pool2d %s: %s", direction, k.id)
+
+
+def _output_size(H, W, kernel, stride, padding, ceil_mode):
+    return (pooled_size(H, kernel[0], stride[0], padding[0], ceil_mode),
+            pooled_size(W, kernel[1], stride[1], padding[1], ceil_mode))
+
+
+@torch.library.custom_op("nnkernels::avg_pool2d", mutates_args=())
+def avg_pool2d_op(
+    x: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int], ceil_mode: bool,
+    count_include_pad: bool, divisor_override: int,
+) -> torch.Tensor:
+    """4-D average pooling forward (divisor_override 0 = none); see `avg_pool2d`."""
+    B, C, H, W = x.shape
+    OH, OW = _output_size(H, W, kernel_size, stride, padding, ceil_mode)
+    y = x.new_empty(B, C, OH, OW)
+    if y.numel():
+        _launch(AvgPool2dGatherForward, x.contiguous(), y, H, W, OH, OW, kernel_size, stride, padding,
+                count_include_pad, divisor_override)
+    return y
+
+
+@avg_pool2d_op.register_fake
+def _(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    B, C, H, W = x.shape
+    return x.new_empty(B, C, *_output_size(H, W, kernel_size, stride, padding, ceil_mode))
+
+
+@torch.library.custom_op("nnkernels::avg_pool2d_backward", mutates_args=())
+def avg_pool2d_backward_op(
+    dy: torch.Tensor, input_height: int, input_width: int, kernel_size: list[int], stride: list[int],
+    padding: list[int], count_include_pad: bool, divisor_override: int,
+) -> torch.Tensor:
+    """dx of `avg_pool2d_op` for an input of input_height x input_width, gathered (no atomics)."""
+    B, C, OH, OW = dy.shape
+    dx = dy.new_empty(B, C, input_height, input_width)
+    if dx.numel():
+        _launch(AvgPool2dGatherBackward, dy.contiguous(), dx, input_height, input_width, OH, OW, kernel_size,
+                stride, padding, count_include_pad, divisor_override)
+    return dx
+
+
+@avg_pool2d_backward_op.register_fake
+def _(dy, input_height, input_width, kernel_size, stride, padding, count_include_pad, divisor_override):
+    return dy.new_empty(dy.shape[0], dy.shape[1], input_height, input_width)
+
+
+def _setup_context(ctx, inputs, output):
+    x, kernel_size, stride, padding, _, count_include_pad, divisor_override = inputs
+    ctx.input_size = (x.shape[2], x.shape[3])
+    ctx.options = (kernel_size, stride, padding, count_include_pad, divisor_override)
+
+
+def _backward(ctx, dy):
+    dx = avg_pool2d_backward_op(dy, *ctx.input_size, *ctx.options)
+    return dx, None, None, None, None, None, None
+
+
+avg_pool2d_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """`torch.nn.functional.avg_pool2d` with the same arguments and results, on nnkernels' kernels.
+
+    x: (B, C, H, W) or (C, H, W), float32/float16/bfloat16. Sums in fp32. Differences from PyTorch:
+    divisor_override must be positive (PyTorch only refuses 0). Bad arguments raise a ValueError
+    or TypeError naming the argument before anything is launched.
+    """
+    kernel, strides, pads = _check(x, kernel_size, stride, padding, divisor_override)
+    batched = x if x.dim() == 4 else x.unsqueeze(0)
+    y = avg_pool2d_op(batched, kernel, strides, pads, bool(ceil_mode), bool(count_include_pad),
+                      divisor_override or 0)
+    return y if x.dim() == 4 else y.squeeze(0)

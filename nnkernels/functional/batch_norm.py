@@ -1,0 +1,318 @@
+"""`batch_norm`: `torch.nn.functional.batch_norm` on nnkernels' kernels, with autograd.
+
+Custom operators (each with a fake implementation, so `torch.compile(fullgraph=True)` traces them):
+- `nnkernels::batch_norm_train(x, weight, bias, eps) -> (y, mean, rstd, var_unbiased)`, with autograd
+  through `nnkernels::batch_norm_train_backward`;
+- `nnkernels::batch_norm_eval(x, running_mean, running_var, weight, bias, eps) -> y`, with autograd
+  through `nnkernels::batch_norm_eval_backward`;
+- `nnkernels::batch_norm_update_running_stats(running_mean!, running_var!, mean, var_unbiased, momentum)`,
+  which mutates the running statistics in place. PyTorch accepts autograd formulas only on
+  functional operators, so the training forward returns the statistics and this small op applies them.
+`last_kernels()` names the kernel objects the latest calls launched.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Optional
+
+import torch
+import triton
+
+from ..ops.batch_norm2d_eval import BatchNorm2dEvalBackward, BatchNorm2dEvalForward, BatchNorm2dSumPartials
+from ..ops.batch_norm2d_train import (
+    BatchNorm2dPartialGradSums,
+    BatchNorm2dPartialStats,
+    BatchNorm2dTrainBackwardDx,
+    BatchNorm2dTrainBackwardFused,
+    BatchNorm2dTrainForwardFused,
+    BatchNorm2dTrainNormalize,
+    BatchNorm2dUpdateRunningStats,
+    batch_norm_plan,
+)
+
+# The kernel classes this op launches (for `nnkernels list`).
+KERNEL_CLASSES = (
+    BatchNorm2dPartialStats, BatchNorm2dTrainNormalize, BatchNorm2dTrainForwardFused, BatchNorm2dPartialGradSums,
+    BatchNorm2dTrainBackwardDx, BatchNorm2dTrainBackwardFused, BatchNorm2dUpdateRunningStats,
+    BatchNorm2dEvalForward, BatchNorm2dEvalBackward, BatchNorm2dSumPartials,
+)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+F32 = torch.float32
+
+log = logging.getLogger("nnkernels")
+_last_kernels: dict[str, list[str]] = {}
+
+
+def last_kernels() -> dict[str, list[str]]:
+    """{step: [kernel ids]} for the latest call of each step ("train_forward", "eval_backward", ...)."""
+    return {step: list(ids) for step, ids in _last_kernels.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(cls, dtype, *constants):
+    return cls(*constants, dtype=dtype)
+
+
+def _run(step, launches):
+    """Launch [(kernel, args)] in order and record their ids under `step`."""
+    for kernel, args in launches:
+        kernel.launch(*args)
+    _last_kernels[step] = [kernel.id for kernel, _ in launches]
+    log.debug("batch_norm %s: %s", step, ", ".join(_last_kernels[step]))
+
+
+def _dims(x):
+    """x viewed as [B, C, HW] (any input of 2 or more dimensions, as PyTorch takes it)."""
+    B, C = x.shape[0], x.shape[1]
+    HW = x.numel() // (B * C) if B * C else 0
+    return B, C, HW
+
+
+def _params(x, weight, bias):
+    """fp32 weight and bias (ones and zeros where None)."""
+    C = x.shape[1]
+    weight = weight.to(F32).contiguous() if weight is not None else torch.ones(C, device=x.device, dtype=F32)
+    bias = bias.to(F32).contiguous() if bias is not None else torch.zeros(C, device=x.device, dtype=F32)
+    return weight, bias
+
+
+def _stats(x, n):
+    return [torch.empty(n, device=x.device, dtype=F32) for _ in range(4)]
+
+
+@torch.library.custom_op("nnkernels::batch_norm_train", mutates_args=())
+def batch_norm_train_op(
+    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training forward: y, and the batch mean, rstd = 1/sqrt(var + eps) and unbiased variance (fp32, [C])."""
+    x = x.contiguous()
+    B, C, HW = _dims(x)
+    weight, bias = _params(x, weight, bias)
+    y = torch.empty_like(x)
+    mean, rstd, var_unbiased, _ = _stats(x, C)
+    plan = batch_norm_plan(B, C, HW)
+    if plan.fused:
+        fused = _kernel(BatchNorm2dTrainForwardFused, x.dtype, plan.block_c, plan.block_b, plan.block_hw)
+        _run("train_forward", [(fused, (x, y, weight, bias, mean, rstd, var_unbiased, B, C, HW, eps))])
+        return y, mean, rstd, var_unbiased
+    count, partial_mean, partial_m2 = (torch.empty(C * plan.num_chunks, device=x.device, dtype=F32) for _ in range(3))
+    stats = _kernel(BatchNorm2dPartialStats, x.dtype, plan.block_b, plan.block_hw)
+    normalize = _kernel(BatchNorm2dTrainNormalize, x.dtype, plan.block_b, plan.block_hw, plan.block_partials)
+    _run("train_forward", [
+        (stats, (x, count, partial_mean, partial_m2, B, C, HW, plan.tiles_per_chunk)),
+        (normalize, (x, y, weight, bias, count, partial_mean, partial_m2, mean, rstd, var_unbiased,
+                     B, C, HW, plan.num_chunks, plan.tiles_per_chunk, eps)),
+    ])
+    return y, mean, rstd, var_unbiased
+
+
+@batch_norm_train_op.register_fake
+def _(x, weight, bias, eps):
+    C = x.shape[1]
+    return torch.empty_like(x), x.new_empty(C, dtype=F32), x.new_empty(C, dtype=F32), x.new_empty(C, dtype=F32)
+
+
+@torch.library.custom_op("nnkernels::batch_norm_train_backward", mutates_args=())
+def batch_norm_train_backward_op(
+    dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training backward: dx (the full formula through the batch statistics), dweight, dbias (fp32)."""
+    dy, x = dy.contiguous(), x.contiguous()
+    B, C, HW = _dims(x)
+    weight, _ = _params(x, weight, None)
+    dx = torch.empty_like(x)
+    dweight, dbias = _stats(x, C)[:2]
+    plan = batch_norm_plan(B, C, HW)
+    if plan.fused:
+        fused = _kernel(BatchNorm2dTrainBackwardFused, x.dtype, plan.block_c, plan.block_b, plan.block_hw)
+        _run("train_backward", [(fused, (dy, x, dx, weight, mean, rstd, dweight, dbias, B, C, HW))])
+        return dx, dweight, dbias
+    sum_dy, sum_dy_xmu = (torch.empty(C * plan.num_chunks, device=x.device, dtype=F32) for _ in range(2))
+    sums = _kernel(BatchNorm2dPartialGradSums, x.dtype, plan.block_b, plan.block_hw)
+    dx_kernel = _kernel(BatchNorm2dTrainBackwardDx, x.dtype, plan.block_b, plan.block_hw, plan.block_partials)
+    _run("train_backward", [
+        (sums, (dy, x, mean, sum_dy, sum_dy_xmu, B, C, HW, plan.tiles_per_chunk)),
+        (dx_kernel, (dy, x, dx, weight, mean, rstd, sum_dy, sum_dy_xmu, dweight, dbias,
+                     B, C, HW, plan.num_chunks, plan.tiles_per_chunk)),
+    ])
+    return dx, dweight, dbias
+
+
+@batch_norm_train_backward_op.register_fake
+def _(dy, x, weight, mean, rstd):
+    C = x.shape[1]
+    return torch.empty_like(x), x.new_empty(C, dtype=F32), x.new_empty(C, dtype=F32)
+
+
+def _train_setup(ctx, inputs, output):
+    x, weight, bias, _ = inputs
+    _, mean, rstd, _ = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+
+
+def _train_backward(ctx, dy, *_stat_grads):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dweight, dbias = batch_norm_train_backward_op(dy, x, weight, mean, rstd)
+    return dx, *_param_grads(ctx, dweight, dbias), None
+
+
+def _param_grads(ctx, dweight, dbias):
+    weight_dtype, bias_dtype = ctx.param_dtypes
+    return (None if weight_dtype is None else dweight.to(weight_dtype),
+            None if bias_dtype is None else dbias.to(bias_dtype))
+
+
+batch_norm_train_op.register_autograd(_train_backward, setup_context=_train_setup)
+
+
+@torch.library.custom_op("nnkernels::batch_norm_eval", mutates_args=())
+def batch_norm_eval_op(
+    x: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor, weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor], eps: float,
+) -> torch.Tensor:
+    """Inference forward: y = (x - running_mean) * weight / sqrt(running_var + eps) + bias."""
+    x = x.contiguous()
+    B, C, HW = _dims(x)
+    weight, bias = _params(x, weight, bias)
+    y = torch.empty_like(x)
+    plan = batch_norm_plan(B, C, HW)
+    forward = _kernel(BatchNorm2dEvalForward, x.dtype, plan.block_b, plan.block_hw)
+    _run("eval_forward", [(forward, (x, y, weight, bias, running_mean, running_var, B, C, HW,
+                                     plan.tiles_per_chunk, eps))])
+    return y
+
+
+@batch_norm_eval_op.register_fake
+def _(x, running_mean, running_var, weight, bias, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("nnkernels::batch_norm_eval_backward", mutates_args=())
+def batch_norm_eval_backward_op(
+    dy: torch.Tensor, x: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor,
+    weight: Optional[torch.Tensor], eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inference backward: dx = weight * rstd * dy, and dweight, dbias (fp32) over the batch."""
+    dy, x = dy.contiguous(), x.contiguous()
+    B, C, HW = _dims(x)
+    weight, _ = _params(x, weight, None)
+    dx = torch.empty_like(x)
+    dweight, dbias = _stats(x, C)[:2]
+    plan = batch_norm_plan(B, C, HW)
+    backward = _kernel(BatchNorm2dEvalBackward, x.dtype, plan.block_b, plan.block_hw)
+    common = (B, C, HW, plan.tiles_per_chunk, eps)
+    if plan.num_chunks == 1:
+        _run("eval_backward", [(backward, (dy, x, dx, weight, running_mean, running_var, dweight, dbias, *common))])
+        return dx, dweight, dbias
+    partial_dweight, partial_dbias = (torch.empty(C * plan.num_chunks, device=x.device, dtype=F32) for _ in range(2))
+    block_c = max(1, 4096 // plan.block_partials)
+    total = _kernel(BatchNorm2dSumPartials, x.dtype, block_c, plan.block_partials)
+    _run("eval_backward", [
+        (backward, (dy, x, dx, weight, running_mean, running_var, partial_dweight, partial_dbias, *common)),
+        (total, (partial_dweight, partial_dbias, dweight, dbias, C, plan.num_chunks)),
+    ])
+    return dx, dweight, dbias
+
+
+@batch_norm_eval_backward_op.register_fake
+def _(dy, x, running_mean, running_var, weight, eps):
+    C = x.shape[1]
+    return torch.empty_like(x), x.new_empty(C, dtype=F32), x.new_empty(C, dtype=F32)
+
+
+def _eval_setup(ctx, inputs, output):
+    x, running_mean, running_var, weight, bias, eps = inputs
+    ctx.save_for_backward(x, running_mean, running_var, weight)
+    ctx.eps = eps
+    ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+
+
+def _eval_backward(ctx, dy):
+    x, running_mean, running_var, weight = ctx.saved_tensors
+    dx, dweight, dbias = batch_norm_eval_backward_op(dy, x, running_mean, running_var, weight, ctx.eps)
+    return dx, None, None, *_param_grads(ctx, dweight, dbias), None
+
+
+batch_norm_eval_op.register_autograd(_eval_backward, setup_context=_eval_setup)
+
+
+@torch.library.custom_op("nnkernels::batch_norm_update_running_stats", mutates_args=("running_mean", "running_var"))
+def batch_norm_update_running_stats_op(
+    running_mean: torch.Tensor, running_var: torch.Tensor, mean: torch.Tensor, var_unbiased: torch.Tensor,
+    momentum: float,
+) -> None:
+    """running = (1 - momentum) * running + momentum * batch statistic, in place (fp32)."""
+    C = running_mean.numel()
+    update = _kernel(BatchNorm2dUpdateRunningStats, F32, min(1024, triton.next_power_of_2(C)))
+    _run("update_running_stats", [(update, (running_mean, running_var, mean, var_unbiased, C, momentum))])
+
+
+@batch_norm_update_running_stats_op.register_fake
+def _(running_mean, running_var, mean, var_unbiased, momentum):
+    return None
+
+
+def _check(x, running_mean, running_var, weight, bias, training, momentum, eps):
+    """Validate every argument (nothing is launched or written before this passes)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x: expected float32, float16 or bfloat16, got {x.dtype}")
+    if x.dim() < 2:
+        raise ValueError(f"x: expected at least 2 dimensions (B, C, ...), got shape {tuple(x.shape)}")
+    C = x.shape[1]
+    for name, tensor in (("weight", weight), ("bias", bias)):
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: expected None or a float tensor, got {getattr(tensor, 'dtype', tensor)!r}")
+        if tensor.shape != (C,):
+            raise ValueError(f"{name}: expected shape ({C},) for the {C} channels of x, got {tuple(tensor.shape)}")
+        if tensor.device != x.device:
+            raise ValueError(f"{name}: expected a tensor on {x.device} like x, got {tensor.device}")
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("running_mean, running_var: expected both or neither, got only one")
+    if running_mean is None and not training:
+        raise ValueError("running_mean: expected a tensor in evaluation mode (training=False), got None")
+    for name, tensor in (("running_mean", running_mean), ("running_var", running_var)):
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != F32:
+            raise ValueError(f"{name}: expected a float32 tensor, got {getattr(tensor, 'dtype', tensor)!r}")
+        if tensor.shape != (C,) or not tensor.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous float32 tensor of shape ({C},), got {tuple(tensor.shape)}")
+        if tensor.device != x.device:
+            raise ValueError(f"{name}: expected a tensor on {x.device} like x, got {tensor.device}")
+    if momentum is None:
+        raise TypeError("momentum: expected a float; for a cumulative average pass 1 / num_batches_tracked")
+    if not isinstance(momentum, (int, float)) or isinstance(momentum, bool):
+        raise TypeError(f"momentum: expected a float, got {momentum!r}")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
+        raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
+    if training and x.numel() // max(C, 1) == 1:
+        raise ValueError(f"x: Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"x: expected a non-empty tensor, got shape {tuple(x.shape)}")
+
+
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """`torch.nn.functional.batch_norm` with the same arguments and results, on nnkernels' kernels.
+
+    x: (B, C, ...) float32/float16/bfloat16; weight and bias: (C,) or None; running_mean and
+    running_var: (C,) float32 (statistics are always fp32, as under autocast), or None in
+    training mode (batch statistics only, nothing updated). In training mode the batch mean and
+    biased variance normalise x and, when running statistics are given, update them in place:
+    running = (1 - momentum) * running + momentum * batch statistic, with the unbiased variance.
+    momentum must be a float: `momentum=None` (PyTorch's cumulative average) is the module's job,
+    which passes 1 / num_batches_tracked. Bad arguments raise before anything is written.
+    """
+    _check(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    if not training:
+        return batch_norm_eval_op(x, running_mean, running_var, weight, bias, float(eps))
+    y, mean, _, var_unbiased = batch_norm_train_op(x, weight, bias, float(eps))
+    if running_mean is not None:
+        batch_norm_update_running_stats_op(running_mean, running_var, mean.detach(), var_unbiased.detach(),
+                                           float(momentum))
+    return y

@@ -1,0 +1,189 @@
+"""2-D average pooling with all of `torch.nn.functional.avg_pool2d`'s options, forward and a
+gather backward: `AvgPool2dGatherForward`, `AvgPool2dGatherBackward`.
+
+Both kernels tile a plane-major matrix: a row is (plane, oh) for the forward and (plane, ih)
+for the backward (plane = b*C + c, so one program spans several small planes), a column is
+ow or iw. Window (oh, ow) covers rows h0 = oh*STRIDE_H - PAD_H ... h0 + KH - 1 (likewise w0).
+Its divisor, as PyTorch defines it:
+- DIVISOR_OVERRIDE when it is > 0;
+- else with COUNT_INCLUDE_PAD: (min(h0 + KH, H + PAD_H) - h0) * (min(w0 + KW, W + PAD_W) - w0),
+  the window clipped to the padded image (a ceil_mode window can overhang it);
+- else the number of window elements inside the image.
+UNIFORM (chosen by the launcher) says every window's divisor is KH*KW, which skips the
+per-window count. The backward gathers: each dx element sums dy/divisor over the windows that
+cover it, so it needs no atomics, no zero-initialisation, and is deterministic.
+"""
+import triton
+import triton.language as tl
+
+from ..kernel import INT32_MAX, INTERPRETED, kernel_object
+from .checks import check_grid, check_numel
+
+
+def pooled_size(size, kernel, stride, pad, ceil_mode):
+    """PyTorch's output length: floor or ceil of (size + 2*pad - kernel) / stride, plus one, less
+    one when ceil_mode would start the last window beyond the image and its left padding."""
+    span = size + 2 * pad - kernel
+    out = (span + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def uniform_divisor(k, H, W, OH, OW):
+    """True when every window's divisor is KH*KW (count_include_pad and no window past the padding)."""
+    if k.divisor_override or not k.count_include_pad:
+        return False
+    return (OH - 1) * k.stride_h + k.kh <= H + 2 * k.pad_h and (OW - 1) * k.stride_w + k.kw <= W + 2 * k.pad_w
+
+
+def avg_pool2d_gather_entry(k, a):
+    """Check a gather pooling launch (forward or backward) and return its flat grid over tiles."""
+    for size, kernel, pad, name in ((a.H, k.kh, k.pad_h, "pad_h"), (a.W, k.kw, k.pad_w, "pad_w")):
+        if 2 * pad > kernel:
+            raise ValueError(f"{name}: expected at most half the window ({kernel}), got {pad}")
+    for got, size, kernel, stride, pad, name in ((a.OH, a.H, k.kh, k.stride_h, k.pad_h, "OH"),
+                                                 (a.OW, a.W, k.kw, k.stride_w, k.pad_w, "OW")):
+        valid = {pooled_size(size, kernel, stride, pad, ceil) for ceil in (False, True)}
+        if got not in valid or size + 2 * pad < kernel:
+            raise ValueError(f"{name}: expected the pooled size {sorted(valid)} of the input, got {got}")
+    uniform = uniform_divisor(k, a.H, a.W, a.OH, a.OW)
+    if k.uniform != uniform:
+        raise ValueError(f"uniform: expected {uniform} for these sizes and options, got {k.uniform}")
+    for name in ("x", "dx"):
+        if hasattr(a, name):
+            check_numel(name, getattr(a, name), a.P * a.H * a.W, "P*H*W")
+    for name in ("y", "dy"):
+        if hasattr(a, name):
+            check_numel(name, getattr(a, name), a.P * a.OH * a.OW, "P*OH*OW")
+    rows = a.P * (a.H if hasattr(a, "dx") else a.OH)
+    if rows > INT32_MAX or a.H * a.W > INT32_MAX:
+        raise ValueError(f"P: {a.P} planes of {a.H}x{a.W} exceed the int32 row and plane indices")
+    cols = a.W if hasattr(a, "dx") else a.OW
+    return check_grid(triton.cdiv(rows, k.block_r) * triton.cdiv(cols, k.block_w))
+
+
+@triton.jit
+def avg_pool2d_gather_forward(
+    x, y, P, H, W, OH, OW,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    PAD_H: tl.constexpr, PAD_W: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, DIVISOR_OVERRIDE: tl.constexpr,
+    UNIFORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """2-D average pooling forward with padding, ceil_mode windows and any divisor rule.
+
+    Grid: pid = row_tile * cdiv(OW, BLOCK_W) + col_tile over rows r = plane*OH + oh (P*OH rows).
+    One program writes y[plane, oh, ow] for its BLOCK_R x BLOCK_W tile:
+        y = (1 / divisor(oh, ow)) * sum over in-image (ih, iw) of the window of x[plane, ih, iw]
+    (padding contributes zeros; divisor as in the module docstring). Sums in fp32; every y is written.
+    """
+    pid = tl.program_id(0)
+    num_col_tiles = tl.cdiv(OW, BLOCK_W)
+    rows = (pid // num_col_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ow = (pid % num_col_tiles) * BLOCK_W + tl.arange(0, BLOCK_W)
+    plane = rows // OH
+    oh = rows - plane * OH
+    row_in = rows < P * OH
+    col_in = ow < OW
+    h0 = oh * STRIDE_H - PAD_H
+    w0 = ow * STRIDE_W - PAD_W
+    x_plane = x + plane.to(tl.int64) * H * W
+    acc = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float32)
+    for kh in tl.static_range(KH):
+        ih = h0 + kh
+        x_row = x_plane + ih * W
+        ih_in = row_in & (ih >= 0) & (ih < H)
+        for kw in tl.static_range(KW):
+            iw = w0 + kw
+            iw_in = col_in & (iw >= 0) & (iw < W)
+            xv = tl.load(x_row[:, None] + iw[None, :], mask=ih_in[:, None] & iw_in[None, :], other=0.0)
+            acc += xv.to(tl.float32)
+    if DIVISOR_OVERRIDE > 0:
+        out = acc / DIVISOR_OVERRIDE
+    elif UNIFORM:
+        out = acc / (KH * KW)
+    else:
+        if COUNT_INCLUDE_PAD:
+            rows_counted = tl.minimum(h0 + KH, H + PAD_H) - h0
+            cols_counted = tl.minimum(w0 + KW, W + PAD_W) - w0
+        else:
+            rows_counted = tl.minimum(h0 + KH, H) - tl.maximum(h0, 0)
+            cols_counted = tl.minimum(w0 + KW, W) - tl.maximum(w0, 0)
+        # Lanes past the edge of the tile may count 0; they are not stored, so divide by 1 there.
+        out = acc / tl.maximum(rows_counted[:, None] * cols_counted[None, :], 1).to(tl.float32)
+    y_row = y + rows.to(tl.int64) * OW
+    tl.store(y_row[:, None] + ow[None, :], out.to(y.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
+
+
+@triton.jit
+def avg_pool2d_gather_backward(
+    dy, dx, P, H, W, OH, OW,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    PAD_H: tl.constexpr, PAD_W: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, DIVISOR_OVERRIDE: tl.constexpr,
+    UNIFORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """2-D average pooling backward by gathering: no atomics, deterministic, no zero-init.
+
+    Grid: pid = row_tile * cdiv(W, BLOCK_W) + col_tile over rows r = plane*H + ih (P*H rows).
+    One program writes dx[plane, ih, iw] for its BLOCK_R x BLOCK_W tile:
+        dx = sum over windows (oh, ow) covering (ih, iw) of dy[plane, oh, ow] / divisor(oh, ow).
+    The covering oh are (ih + PAD_H) // STRIDE_H - j for j < cdiv(KH, STRIDE_H), kept when
+    0 <= oh < OH and ih + PAD_H - oh*STRIDE_H < KH (likewise ow). Every dx is written.
+    """
+    pid = tl.program_id(0)
+    num_col_tiles = tl.cdiv(W, BLOCK_W)
+    rows = (pid // num_col_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
+    iw = (pid % num_col_tiles) * BLOCK_W + tl.arange(0, BLOCK_W)
+    plane = rows // H
+    ih = rows - plane * H
+    row_in = rows < P * H
+    col_in = iw < W
+    dy_plane = dy + plane.to(tl.int64) * OH * OW
+    acc = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float32)
+    for j in tl.static_range((KH + STRIDE_H - 1) // STRIDE_H):
+        oh = (ih + PAD_H) // STRIDE_H - j
+        oh_in = row_in & (oh >= 0) & (oh < OH) & (ih + PAD_H - oh * STRIDE_H < KH)
+        dy_row = dy_plane + oh * OW
+        for i in tl.static_range((KW + STRIDE_W - 1) // STRIDE_W):
+            ow = (iw + PAD_W) // STRIDE_W - i
+            ow_in = col_in & (ow >= 0) & (ow < OW) & (iw + PAD_W - ow * STRIDE_W < KW)
+            dyv = tl.load(dy_row[:, None] + ow[None, :], mask=oh_in[:, None] & ow_in[None, :], other=0.0)
+            if DIVISOR_OVERRIDE > 0 or UNIFORM:
+                acc += dyv.to(tl.float32)
+            else:
+                h0 = oh * STRIDE_H - PAD_H
+                w0 = ow * STRIDE_W - PAD_W
+                if COUNT_INCLUDE_PAD:
+                    rows_counted = tl.minimum(h0 + KH, H + PAD_H) - h0
+                    cols_counted = tl.minimum(w0 + KW, W + PAD_W) - w0
+                else:
+                    rows_counted = tl.minimum(h0 + KH, H) - tl.maximum(h0, 0)
+                    cols_counted = tl.minimum(w0 + KW, W) - tl.maximum(w0, 0)
+                # Windows that do not exist may count 0; their dy is 0, so divide by 1 there.
+                divisor = tl.maximum(rows_counted[:, None] * cols_counted[None, :], 1)
+                acc += dyv.to(tl.float32) / divisor.to(tl.float32)
+    if DIVISOR_OVERRIDE > 0:
+        acc = acc / DIVISOR_OVERRIDE
+    elif UNIFORM:
+        acc = acc / (KH * KW)
+    dx_row = dx + rows.to(tl.int64) * W
+    tl.store(dx_row[:, None] + iw[None, :], acc.to(dx.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
+
+
+_OPTIONS = dict(
+    entry=avg_pool2d_gather_entry,
+    example=(3, 3, 1, 1, 1, 1, True, 0, True, 32, 64),
+    nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"),
+    flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
+)
+AvgPool2dGatherForward = kernel_object(avg_pool2d_gather_forward, **_OPTIONS)
+AvgPool2dGatherBackward = kernel_object(avg_pool2d_gather_backward, **_OPTIONS)
+
+
+def pooling_blocks(rows, cols, *, tile=None):
+    """(BLOCK_R, BLOCK_W) for a rows x cols output tile grid: about `tile` elements per program on
+    the GPU; on the CPU, few programs as large as the problem (the interpreter pays per program)."""
+    tile = tile or (2**16 if INTERPRETED else 2048)
+    block_w = min(triton.next_power_of_2(cols), tile, 2**16 if INTERPRETED else 64)
+    block_r = max(1, min(tile // block_w, triton.next_power_of_2(rows)))
+    return block_r, block_w

@@ -1,0 +1,132 @@
+"""NCHW batch norm with frozen (running) statistics, split like the training kernels so that
+every shape fills the GPU: `BatchNorm2dEvalForward`, `BatchNorm2dEvalBackward`,
+`BatchNorm2dSumPartials`. Tiles and chunks as in `batch_norm2d_train`; statistics in fp32.
+
+rstd[c] = 1 / sqrt(running_var[c] + eps); y = (x - running_mean) * weight * rstd + bias;
+dx = weight * rstd * dy; dweight = sum(dy * (x - running_mean) * rstd); dbias = sum(dy).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..kernel import kernel_object
+from .batch_norm2d_train import check_activations, check_channel_tensors, check_split
+
+F32 = torch.float32
+
+
+def eval_entry(k, a):
+    """Grid [C, chunks] with chunks = cdiv(tiles per channel, TILES_PER_CHUNK)."""
+    check_activations(a, ("x", "y", "dy", "dx"))
+    check_channel_tensors(a, ("weight", "bias", "running_mean", "running_var"), a.C)
+    if not a.eps >= 0:
+        raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
+    num_tiles = triton.cdiv(a.B, k.block_b) * triton.cdiv(a.HW, k.block_hw)
+    num_chunks = triton.cdiv(num_tiles, a.TILES_PER_CHUNK)
+    if hasattr(a, "partial_dweight"):
+        check_channel_tensors(a, ("partial_dweight", "partial_dbias"), a.C * num_chunks, "C*chunks")
+    check_split(k, a, num_chunks)
+    return (a.C, num_chunks)
+
+
+def sum_partials_entry(k, a):
+    """Grid [cdiv(C, BLOCK_C)]; all NUM_PARTIALS partials of a channel fit one BLOCK_PARTIALS row."""
+    check_channel_tensors(a, ("partial_dweight", "partial_dbias"), a.C * a.NUM_PARTIALS, "C*NUM_PARTIALS")
+    check_channel_tensors(a, ("dweight", "dbias"), a.C)
+    if a.NUM_PARTIALS > k.block_partials:
+        raise ValueError(f"NUM_PARTIALS: expected at most block_partials = {k.block_partials}, got {a.NUM_PARTIALS}")
+    return (triton.cdiv(a.C, k.block_c),)
+
+
+@triton.jit
+def batch_norm2d_eval_forward(
+    x, y, weight, bias, running_mean, running_var, B, C, HW, TILES_PER_CHUNK, eps,
+    BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr,
+):
+    """Batch norm forward with frozen statistics.
+
+    Grid: [C, chunks]. Program (c, chunk) writes, on the tiles of its chunk,
+        y = x * scale + shift,  scale = weight[c] * rstd[c],  shift = bias[c] - running_mean[c] * scale,
+    rstd = 1 / sqrt(running_var[c] + eps), in fp32. Every y is written.
+    """
+    c = tl.program_id(0)
+    chunk = tl.program_id(1)
+    channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.load(running_var + c) + eps))
+    scale = tl.load(weight + c) * channel_rstd
+    shift = tl.load(bias + c) - tl.load(running_mean + c) * scale
+    num_hw_tiles = tl.cdiv(HW, BLOCK_HW)
+    first = chunk * TILES_PER_CHUNK
+    last = tl.minimum(first + TILES_PER_CHUNK, tl.cdiv(B, BLOCK_B) * num_hw_tiles)
+    for t in range(first, last):
+        b = (t // num_hw_tiles) * BLOCK_B + tl.arange(0, BLOCK_B)
+        hw = (t % num_hw_tiles) * BLOCK_HW + tl.arange(0, BLOCK_HW)
+        inside = (b < B)[:, None] & (hw < HW)[None, :]
+        offsets = ((b.to(tl.int64) * C + c) * HW)[:, None] + hw[None, :]
+        xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+        tl.store(y + offsets, (xv * scale + shift).to(y.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def batch_norm2d_eval_backward(
+    dy, x, dx, weight, running_mean, running_var, partial_dweight, partial_dbias, B, C, HW, TILES_PER_CHUNK, eps,
+    BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr,
+):
+    """Batch norm backward with frozen statistics, one pass over dy and x.
+
+    Grid: [C, chunks]. Program (c, chunk) writes dx = weight[c] * rstd[c] * dy on its tiles and
+        partial_dbias[c * chunks + chunk]   = sum over its tiles of dy
+        partial_dweight[c * chunks + chunk] = rstd[c] * sum over its tiles of dy * (x - running_mean[c])
+    (fp32, lane by lane, then one reduction). With one chunk the partials are dweight and dbias.
+    """
+    c = tl.program_id(0)
+    chunk = tl.program_id(1)
+    channel_mean = tl.load(running_mean + c)
+    channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.load(running_var + c) + eps))
+    dy_scale = tl.load(weight + c) * channel_rstd
+    num_hw_tiles = tl.cdiv(HW, BLOCK_HW)
+    first = chunk * TILES_PER_CHUNK
+    last = tl.minimum(first + TILES_PER_CHUNK, tl.cdiv(B, BLOCK_B) * num_hw_tiles)
+    sum_dy = tl.zeros([BLOCK_B, BLOCK_HW], dtype=tl.float32)
+    sum_dy_xmu = tl.zeros([BLOCK_B, BLOCK_HW], dtype=tl.float32)
+    for t in range(first, last):
+        b = (t // num_hw_tiles) * BLOCK_B + tl.arange(0, BLOCK_B)
+        hw = (t % num_hw_tiles) * BLOCK_HW + tl.arange(0, BLOCK_HW)
+        inside = (b < B)[:, None] & (hw < HW)[None, :]
+        offsets = ((b.to(tl.int64) * C + c) * HW)[:, None] + hw[None, :]
+        dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
+        xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+        tl.store(dx + offsets, (dyv * dy_scale).to(dx.dtype.element_ty), mask=inside)
+        sum_dy += dyv
+        sum_dy_xmu += dyv * tl.where(inside, xv - channel_mean, 0.0)
+    slot = c * tl.num_programs(1) + chunk
+    tl.store(partial_dbias + slot, tl.sum(tl.sum(sum_dy, axis=1), axis=0))
+    tl.store(partial_dweight + slot, channel_rstd * tl.sum(tl.sum(sum_dy_xmu, axis=1), axis=0))
+
+
+@triton.jit
+def batch_norm2d_sum_partials(
+    partial_dweight, partial_dbias, dweight, dbias, C, NUM_PARTIALS,
+    BLOCK_C: tl.constexpr, BLOCK_PARTIALS: tl.constexpr,
+):
+    """Sum per-chunk partials into per-channel results, in a fixed order.
+
+    Grid: [cdiv(C, BLOCK_C)]. One program writes, for its BLOCK_C channels,
+        dweight[c] = sum over k < NUM_PARTIALS of partial_dweight[c * NUM_PARTIALS + k]  (dbias likewise).
+    """
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    k = tl.arange(0, BLOCK_PARTIALS)
+    inside = (c < C)[:, None] & (k < NUM_PARTIALS)[None, :]
+    slots = c[:, None] * NUM_PARTIALS + k[None, :]
+    tl.store(dweight + c, tl.sum(tl.load(partial_dweight + slots, mask=inside, other=0.0), axis=1), mask=c < C)
+    tl.store(dbias + c, tl.sum(tl.load(partial_dbias + slots, mask=inside, other=0.0), axis=1), mask=c < C)
+
+
+_STATS = {n: F32 for n in ("weight", "bias", "running_mean", "running_var", "partial_dweight", "partial_dbias",
+                           "dweight", "dbias")}
+
+BatchNorm2dEvalForward = kernel_object(
+    batch_norm2d_eval_forward, entry=eval_entry, example=(8, 256), floats=("eps",), pointer_dtypes=_STATS)
+BatchNorm2dEvalBackward = kernel_object(
+    batch_norm2d_eval_backward, entry=eval_entry, example=(8, 256), floats=("eps",), pointer_dtypes=_STATS)
+BatchNorm2dSumPartials = kernel_object(
+    batch_norm2d_sum_partials, entry=sum_partials_entry, example=(16, 64), pointer_dtypes=_STATS)
