@@ -1,0 +1,116 @@
+"""Benchmark: nnkernels' gather avg-pool vs PyTorch (and the seed kernels where they apply).
+
+Bytes the pass must move: forward reads x and writes y, backward reads dy and writes dx, so
+both move (numel(x) + numel(y)) * element size. The floor is that over the 4.27 TB/s copy ceiling.
+Run: python3 -m nnkernels.bench.avg_pool2d --out DIR [--quick] [--sweep]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import harness
+from ..functional import avg_pool2d as pool
+from ..ops.avg_pool2d import Avgpool2dBackward, Avgpool2dForward
+from ..ops.avg_pool2d_gather import pooling_blocks
+
+COPY_TBPS = 4.27
+BYTES_FORMULA = "bytes = (numel(x) + numel(y)) * elem_size, both passes; floor = bytes / 4.27 TB/s"
+# (case, input shape, kernel_size, stride, padding)
+SUITE = (
+    ("B32 C256 56x56 k2 s2", (32, 256, 56, 56), 2, 2, 0),
+    ("B32 C256 56x56 k3 s1 p1", (32, 256, 56, 56), 3, 1, 1),
+    ("B64 C512 28x28 k3 s2", (64, 512, 28, 28), 3, 2, 0),
+)
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _seed_ms(direction, x, y, k, s):
+    """The seed kernel's time (no padding only); the backward includes the zero-init it needs."""
+    B, C, H, W = x.shape
+    OH, OW = y.shape[2:]
+    if direction == "forward":
+        seed = Avgpool2dForward(k, k, s, s, 64, dtype=x.dtype)
+        return harness.time_ms(lambda: seed.launch(x, y, B, C, H, W, OH, OW))
+    seed = Avgpool2dBackward(k, k, s, s, 64, dtype=x.dtype)
+    dx = torch.empty_like(x)
+
+    def zero_and_scatter():
+        dx.zero_()
+        seed.launch(y, dx, B, C, H, W, OH, OW)
+
+    return harness.time_ms(zero_and_scatter)
+
+
+def _row(case, dtype, direction, ours_ms, torch_ms, nbytes, extra):
+    floor_ms = nbytes / (COPY_TBPS * 1e12) * 1e3
+    extra = dict(extra, floor_ms=f"{floor_ms:.4f}", of_copy=f"{100 * floor_ms / ours_ms:.0f}%")
+    return harness.Row("avg_pool2d", case, str(dtype).replace("torch.", ""), direction, ours_ms, torch_ms, nbytes,
+                       "TB/s", extra)
+
+
+def run(quick: bool = False) -> list[harness.Row]:
+    harness.require_gpu()
+    rows = []
+    for case, shape, k, s, p in SUITE[:1] if quick else SUITE:
+        for dtype in DTYPES:
+            x = torch.randn(shape, device="cuda", dtype=dtype)
+            y = pool.avg_pool2d(x, k, s, p)
+            dy = torch.randn_like(y)
+            H, W = shape[2:]
+            nbytes = (x.numel() + y.numel()) * x.element_size()
+            seed = {} if p else {"seed_ms": f"{_seed_ms('forward', x, y, k, s):.4f}"}
+            rows.append(_row(case, dtype, "forward", harness.time_ms(lambda: pool.avg_pool2d(x, k, s, p)),
+                             harness.time_ms(lambda: F.avg_pool2d(x, k, s, p)), nbytes, seed))
+            ours_bwd = functools.partial(pool.avg_pool2d_backward_op, dy, H, W, [k, k], [s, s], [p, p], True, 0)
+            torch_bwd = functools.partial(torch.ops.aten.avg_pool2d_backward, dy, x, [k, k], [s, s], [p, p], False,
+                                          True, None)
+            seed = {} if p else {"seed_ms": f"{_seed_ms('backward', x, dy, k, s):.4f}"}
+            rows.append(_row(case, dtype, "backward", harness.time_ms(ours_bwd), harness.time_ms(torch_bwd), nbytes,
+                             seed))
+            del x, y, dy
+    return rows
+
+
+def sweep() -> str:
+    """bf16 times of the gather kernels per tile size and warp count (the bench runs 2048 / 4)."""
+    harness.require_gpu()
+    lines = ["avg_pool2d sweep (bf16): ms per (tile elements, num_warps)"]
+    for case, shape, k, s, p in SUITE:
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        y = pool.avg_pool2d(x, k, s, p)
+        B, C, H, W = shape
+        OH, OW = y.shape[2:]
+        for cls, source, out, rows, cols in ((pool.AvgPool2dGatherForward, x, y, B * C * OH, OW),
+                                             (pool.AvgPool2dGatherBackward, y, x, B * C * H, W)):
+            timings = []
+            for tile, warps in ((1024, 4), (4096, 4), (2048, 8), (4096, 8)):
+                kernel = cls(k, k, s, s, p, p, True, 0, True, *pooling_blocks(rows, cols, tile=tile),
+                             dtype=x.dtype, num_warps=warps)
+                ms = harness.time_ms(lambda: kernel.launch(source, out, B * C, H, W, OH, OW))
+                timings.append(f"{tile}/{warps}={ms:.4f}")
+            lines.append(f"{case} {cls.__name__}: " + " ".join(timings))
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="also time tile sizes and warp counts")
+    args = parser.parse_args()
+    rows = run(quick=args.quick)
+    harness.write_csv(rows, args.out / "avg_pool2d.csv")
+    title = f"avg_pool2d: nnkernels (gather) vs PyTorch; {BYTES_FORMULA}"
+    harness.plot(rows, args.out / "avg_pool2d.png", "avg_pool2d: speed-up over PyTorch")
+    if args.sweep:
+        print(sweep())
+    print(harness.table(rows, title))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Benchmark: nnkernels' batch norm vs PyTorch (and the seed kernels where they apply).
+
+N = numel(x), e = element size. Bytes the pass must move (per-channel vectors neglected):
+eval forward 2Ne (read x, write y); eval backward 3Ne (read dy, x; write dx);
+train forward 3Ne (x read twice: statistics, then normalise; write y);
+train backward 5Ne (dy and x read twice: reductions, then dx; write dx);
+a channel that fits on chip (one tile, B32 C2048 7x7) is read once: train 2Ne forward, 3Ne backward.
+Both sides run through autograd (torch.autograd.grad for backward) in CUDA graphs; the training
+forward includes the running-statistics update on both sides.
+Run: python3 -m nnkernels.bench.batch_norm --out DIR [--quick] [--sweep]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import harness
+from ..functional import batch_norm as bn
+from ..ops.batch_norm2d import BatchNorm2dNchwBackward, BatchNorm2dNchwForwardInference
+from ..ops.batch_norm2d_train import batch_norm_plan
+
+COPY_TBPS = 4.27
+BYTES_FORMULA = ("bytes: eval fwd 2Ne, eval bwd 3Ne, train fwd 3Ne, train bwd 5Ne (2Ne/3Ne when a channel fits "
+                 "one tile); N = numel(x), e = elem size; floor = bytes / 4.27 TB/s")
+SUITE = (("B32 C256 56x56", (32, 256, 56, 56)), ("B256 C64 112x112", (256, 64, 112, 112)),
+         ("B32 C2048 7x7", (32, 2048, 7, 7)))
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _passes(mode, direction, fused):
+    """How many N-element tensors the pass moves (see the module docstring)."""
+    if mode == "eval":
+        return 2 if direction == "forward" else 3
+    if direction == "forward":
+        return 2 if fused else 3
+    return 3 if fused else 5
+
+
+def _seed_ms(direction, x, dy, weight, bias, running_mean, running_var, eps=1e-5):
+    """The seed's frozen-statistics kernels, with every per-channel tensor in x's dtype as they take it."""
+    B, C, H, W = x.shape
+    w, b, rm, rv = (t.to(x.dtype) for t in (weight, bias, running_mean, running_var))
+    out = torch.empty_like(x)
+    if direction == "forward":
+        seed = BatchNorm2dNchwForwardInference(1024, dtype=x.dtype)
+        return harness.time_ms(lambda: seed.launch(x, out, w, b, rm, rv, C, H * W, eps))
+    seed = BatchNorm2dNchwBackward(1024, dtype=x.dtype)
+    dw, db = torch.empty_like(w), torch.empty_like(b)
+    return harness.time_ms(lambda: seed.launch(dy, x, out, w, rm, rv, dw, db, B, C, H * W, eps))
+
+
+def _grads(fn, x, weight, bias, dy):
+    y = fn(x)
+    return functools.partial(torch.autograd.grad, y, (x, weight, bias), dy, retain_graph=True)
+
+
+def run(quick: bool = False) -> list[harness.Row]:
+    harness.require_gpu()
+    rows = []
+    for case, shape in SUITE[:1] if quick else SUITE:
+        B, C, H, W = shape
+        fused = batch_norm_plan(B, C, H * W).fused
+        for dtype in DTYPES:
+            x = torch.randn(shape, device="cuda", dtype=dtype).requires_grad_()
+            dy = torch.randn_like(x)
+            weight = torch.randn(C, device="cuda").requires_grad_()
+            bias = torch.randn(C, device="cuda").requires_grad_()
+            running_mean = torch.randn(C, device="cuda")
+            running_var = torch.rand(C, device="cuda") + 0.5
+            for mode in ("train", "eval"):
+                training = mode == "train"
+                ours = functools.partial(bn.batch_norm, running_mean=running_mean, running_var=running_var,
+                                         weight=weight, bias=bias, training=training)
+                theirs = functools.partial(F.batch_norm, running_mean=running_mean, running_var=running_var,
+                                           weight=weight, bias=bias, training=training)
+                for direction in ("forward", "backward"):
+                    nbytes = _passes(mode, direction, fused) * x.numel() * x.element_size()
+                    if direction == "forward":
+                        ours_ms, torch_ms = harness.time_ms(lambda: ours(x)), harness.time_ms(lambda: theirs(x))
+                    else:
+                        ours_ms = harness.time_ms(_grads(ours, x, weight, bias, dy))
+                        torch_ms = harness.time_ms(_grads(theirs, x, weight, bias, dy))
+                    floor_ms = nbytes / (COPY_TBPS * 1e12) * 1e3
+                    extra = {}
+                    if mode == "eval":
+                        extra["seed_ms"] = f"{_seed_ms(direction, x.detach(), dy, weight.detach(), bias.detach(), running_mean, running_var):.4f}"  # noqa: E501
+                    extra.update(bytes=f"{_passes(mode, direction, fused)}Ne", floor_ms=f"{floor_ms:.4f}",
+                                 of_copy=f"{100 * floor_ms / ours_ms:.0f}%")
+                    rows.append(harness.Row("batch_norm", f"{mode} {case}", str(dtype).replace("torch.", ""),
+                                            direction, ours_ms, torch_ms, nbytes, "TB/s", extra))
+            del x, dy
+    return rows
+
+
+def sweep() -> str:
+    """Times of each bf16 pass on B32 C256 56x56 per plan (tile, programs) and warp count, by
+    patching the functional module's plan and kernel cache for the duration of the sweep."""
+    harness.require_gpu()
+    original_plan, original_kernel = bn.batch_norm_plan, bn._kernel
+    lines = ["batch_norm sweep (bf16 B32 C256 56x56): ms per (tile elements, programs, num_warps)"]
+    x = torch.randn(SUITE[0][1], device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    C = x.shape[1]
+    weight, bias = torch.randn(C, device="cuda"), torch.randn(C, device="cuda")
+    mean, rstd = torch.zeros(C, device="cuda"), torch.ones(C, device="cuda")
+    steps = {
+        "train_fwd": lambda: bn.batch_norm_train_op(x, weight, bias, 1e-5),
+        "train_bwd": lambda: bn.batch_norm_train_backward_op(dy, x, weight, mean, rstd),
+        "eval_fwd": lambda: bn.batch_norm_eval_op(x, mean, rstd, weight, bias, 1e-5),
+        "eval_bwd": lambda: bn.batch_norm_eval_backward_op(dy, x, mean, rstd, weight, 1e-5),
+    }
+    configs = ((1024, 132 * 16, 4), (4096, 132 * 16, 4), (2048, 132 * 16, 8), (2048, 132 * 32, 4))
+    try:
+        for step, fn in steps.items():
+            timings = []
+            for tile, programs, warps in configs:
+                bn.batch_norm_plan = functools.partial(original_plan, tile=tile, programs=programs)
+                bn._kernel = functools.lru_cache(maxsize=None)(
+                    lambda cls, dt, *consts, w=warps: cls(*consts, dtype=dt, num_warps=w))
+                timings.append(f"{tile}/{programs}/{warps}={harness.time_ms(fn):.4f}")
+            lines.append(f"{step}: " + " ".join(timings))
+    finally:
+        bn.batch_norm_plan, bn._kernel = original_plan, original_kernel
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="also time plans and warp counts")
+    args = parser.parse_args()
+    rows = run(quick=args.quick)
+    harness.write_csv(rows, args.out / "batch_norm.csv")
+    harness.plot(rows, args.out / "batch_norm.png", "batch_norm: speed-up over PyTorch")
+    if args.sweep:
+        print(sweep())
+    print(harness.table(rows, f"batch_norm: nnkernels vs PyTorch; {BYTES_FORMULA}"))
+
+
+if __name__ == "__main__":
+    main()
