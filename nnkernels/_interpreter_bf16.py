@@ -1,4 +1,6 @@
-"""bf16 atomic add for Triton's interpreter, which has none ("Unsupported data type").
+"""bf16 atomic add for Triton's interpreter, which has none ("Unsupported data type"), and a
+bf16 `tl.dot`, which it computes on the raw uint16 bits (garbage). Float dots go through fp32
+and numpy's BLAS matmul (the interpreter's `np.matmul(..., dtype=)` takes a loop that is ~50x slower).
 
 The interpreter runs one program at a time and one operation at a time, so a read, an add in
 fp32 and a write, lane by lane, is exactly an atomic add there; lanes go one by one so that
@@ -40,4 +42,21 @@ def create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):
     return TensorHandle(previous.reshape(np.shape(val.data)), tl.bfloat16)
 
 
+_dot = InterpreterBuilder.create_dot
+
+
+def _as_fp32(t: TensorHandle) -> np.ndarray:
+    if t.dtype.scalar == tl.bfloat16:
+        return _bf16_bits_to_fp32(t.data).numpy().reshape(np.shape(t.data))
+    return np.ascontiguousarray(t.data, dtype=np.float32)
+
+
+def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    floats = (tl.bfloat16, tl.float16, tl.float32)
+    if a.dtype.scalar not in floats or b.dtype.scalar not in floats or d.data.dtype != np.float32:
+        return _dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+    return TensorHandle(np.matmul(_as_fp32(a), _as_fp32(b)) + d.data, d.dtype.scalar)
+
+
 InterpreterBuilder.create_atomic_rmw = create_atomic_rmw
+InterpreterBuilder.create_dot = create_dot

@@ -1,0 +1,394 @@
+"""`conv2d`: torch.nn.functional.conv2d's semantics on nnkernels' kernels.
+
+The work runs in two PyTorch custom operators, so autograd, `torch.compile` and autocast see
+one opaque op each: `nnkernels::conv2d` (forward) and `nnkernels::conv2d_backward` (dx, dw,
+dbias, each only when asked). Per shape the op picks its kernels from the catalogue: the
+direct depthwise kernels when groups == C_IN == C_OUT, the implicit-GEMM tensor-core kernels
+otherwise, with block sizes from `nnkernels.tuning`. `kernels_for(...)` names the kernels a
+call uses, and every launch is logged at DEBUG level on the "nnkernels" logger.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import tuning
+from ..ops.conv2d_depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward
+from ..ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw, dw_partial_size
+from ..ops.conv2d_gemm_dx import Conv2dGemmDx
+from ..ops.conv2d_gemm_forward import Conv2dGemmForward
+
+# The kernel classes this op launches (what `nnkernels list` shows against conv2d).
+KERNELS = (
+    Conv2dGemmForward,
+    Conv2dGemmDx,
+    Conv2dGemmDw,
+    Conv2dDwReduce,
+    Conv2dDepthwiseForward,
+    Conv2dDepthwiseDx,
+    Conv2dDepthwiseDw,
+)
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+REDUCE_BLOCK = 1024
+INT32_LIMIT = 2**31
+
+_log = logging.getLogger("nnkernels")
+
+
+# ---- argument checks (torch's semantics, ValueError/TypeError naming the argument) ----
+
+def _pair(value, name):
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    if isinstance(value, (tuple, list)) and len(value) in (1, 2) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        return (value[0], value[-1])
+    raise TypeError(f"{name}: expected an int or a pair of ints, got {value!r}")
+
+
+def _output_size(size, kernel, stride, pad, dilation):
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _check(x, weight, bias, stride, padding, dilation, groups, *, same_dtype=True):
+    """Raise ValueError/TypeError naming the first bad argument; return nothing."""
+    for name, tensor in (("input", x), ("weight", weight)):
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if bias is not None and not isinstance(bias, Tensor):
+        raise TypeError(f"bias: expected a torch.Tensor or None, got {type(bias).__name__}")
+    if x.dim() != 4:
+        raise ValueError(f"input: expected a 3-D (unbatched) or 4-D (batched) tensor, got shape {tuple(x.shape)}")
+    if weight.dim() != 4:
+        raise ValueError(f"weight: expected a 4-D tensor [C_OUT, C_IN/groups, KH, KW], got shape {tuple(weight.shape)}")
+    tensors = [("input", x), ("weight", weight)] + ([("bias", bias)] if bias is not None else [])
+    for name, tensor in tensors:
+        if same_dtype and tensor.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name}: expected float32, float16 or bfloat16, got {tensor.dtype}")
+        if same_dtype and tensor.dtype != x.dtype:
+            raise TypeError(f"{name}: expected dtype {x.dtype} like input, got {tensor.dtype}")
+        if tensor.device != x.device:
+            raise ValueError(f"{name}: expected a tensor on {x.device} like input, got {tensor.device}")
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        raise ValueError(f"groups: expected a positive int, got {groups!r}")
+    batch, c_in, height, width = x.shape
+    c_out, cin_per_group, kh, kw = weight.shape
+    if c_out % groups:
+        raise ValueError(f"groups: {groups} does not divide the weight's {c_out} output channels")
+    if c_in % groups:
+        raise ValueError(f"groups: {groups} does not divide the input's {c_in} channels")
+    if cin_per_group * groups != c_in:
+        raise ValueError(
+            f"input: expected {cin_per_group * groups} channels (weight's {cin_per_group} per group x groups="
+            f"{groups}), got {c_in}"
+        )
+    if bias is not None and tuple(bias.shape) != (c_out,):
+        raise ValueError(f"bias: expected shape ({c_out},), got {tuple(bias.shape)}")
+    if min(x.shape) < 1 or min(weight.shape) < 1:
+        raise ValueError(f"input/weight: expected non-empty tensors, got {tuple(x.shape)} and {tuple(weight.shape)}")
+    for name, values, low in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
+        if min(values) < low:
+            raise ValueError(f"{name}: expected values >= {low}, got {tuple(values)}")
+    for axis, size, kernel, pad, dil in (("height", height, kh, padding[0], dilation[0]),
+                                         ("width", width, kw, padding[1], dilation[1])):
+        span = dil * (kernel - 1) + 1
+        if size + 2 * pad < span:
+            raise ValueError(
+                f"weight: kernel {axis} {kernel} (dilated to {span}) is larger than the padded input {axis} "
+                f"{size} + 2*{pad} = {size + 2 * pad}"
+            )
+    if c_in * height * width >= INT32_LIMIT or weight.numel() >= INT32_LIMIT:
+        raise ValueError("input: one image (C_IN*H*W) and the weight must each hold fewer than 2**31 elements")
+
+
+def _padding(padding, weight, dilation, stride):
+    """Explicit (pad_h, pad_w) and the extra right/bottom padding 'same' needs for even spans."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0), (0, 0)
+        if padding == "same":
+            if stride != (1, 1):
+                raise ValueError(f"padding: 'same' is not supported for strided convolutions (stride={stride})")
+            totals = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
+            return tuple(t // 2 for t in totals), tuple(t - t // 2 - t // 2 for t in totals)
+        raise ValueError(f"padding: expected 'valid', 'same', an int or a pair of ints, got {padding!r}")
+    return _pair(padding, "padding"), (0, 0)
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv2d on nnkernels' kernels (NCHW; fp32, fp16, bf16; autograd; autocast)."""
+    stride = _pair(stride, "stride")
+    dilation = _pair(dilation, "dilation")
+    if not isinstance(weight, Tensor):
+        raise TypeError(f"weight: expected a torch.Tensor, got {type(weight).__name__}")
+    padding, extra = _padding(padding, weight, dilation, stride)
+    unbatched = isinstance(x, Tensor) and x.dim() == 3
+    if unbatched:
+        x = x.unsqueeze(0)
+    if isinstance(x, Tensor) and any(extra):
+        x = torch.nn.functional.pad(x, (0, extra[1], 0, extra[0]))
+    autocast = isinstance(x, Tensor) and torch.is_autocast_enabled(x.device.type)
+    _check(x, weight, bias, stride, padding, dilation, groups, same_dtype=not autocast)
+    y = torch.ops.nnkernels.conv2d(x, weight, bias, list(stride), list(padding), list(dilation), groups)
+    return y.squeeze(0) if unbatched else y
+
+
+# ---- kernel choice ----
+
+@functools.lru_cache(maxsize=None)
+def _kernel(cls, constants, dtype, num_warps, num_stages):
+    return cls(*constants, dtype=dtype, num_warps=num_warps, num_stages=num_stages)
+
+
+def _launch(kernel, *args):
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug("conv2d launches %s", kernel.id)
+    kernel.launch(*args)
+
+
+def _is_depthwise(c_in, c_out, groups):
+    return groups == c_in == c_out
+
+
+def _tf32(dtype):
+    """TF32 products for fp32 when cuDNN would use them; 16-bit types always take the tensor-core path."""
+    return dtype != torch.float32 or bool(torch.backends.cudnn.allow_tf32)
+
+
+class _Problem:
+    """The sizes of one convolution, in the names the kernels take."""
+
+    def __init__(self, x_shape, w_shape, stride, padding, dilation, groups, dtype, has_bias):
+        self.B, self.C_IN, self.H, self.W = (int(v) for v in x_shape)
+        self.C_OUT, self.cin_per_group, self.KH, self.KW = (int(v) for v in w_shape)
+        self.OH = _output_size(self.H, self.KH, stride[0], padding[0], dilation[0])
+        self.OW = _output_size(self.W, self.KW, stride[1], padding[1], dilation[1])
+        self.groups, self.dtype, self.has_bias = groups, dtype, has_bias
+        self.geometry = (self.KH, self.KW, *stride, *padding, *dilation)
+        self.depthwise = _is_depthwise(self.C_IN, self.C_OUT, groups)
+        self.tf32 = _tf32(dtype)
+        self.key = (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.geometry, groups, str(dtype), self.tf32,
+                    has_bias)
+
+    @property
+    def sizes(self):
+        return (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.OH, self.OW)
+
+    def forward_candidates(self):
+        return tuning.gemm_candidates(self.B * self.OH * self.OW, self.C_OUT // self.groups,
+                                      self.cin_per_group * self.KH * self.KW, self.dtype)
+
+    def dx_candidates(self):
+        s_h, s_w = self.geometry[2:4]
+        pixels = self.B * -(-self.H // s_h) * -(-self.W // s_w)
+        return tuning.gemm_candidates(pixels, self.cin_per_group, self.C_OUT // self.groups, self.dtype)
+
+    def dw_candidates(self):
+        return tuning.dw_candidates(self.C_OUT // self.groups, self.cin_per_group * self.KH * self.KW,
+                                    self.B * self.OH * self.OW, self.groups, self.dtype)
+
+    def depthwise_config(self):
+        return tuning.depthwise_config(self.B, self.C_IN, self.OH * self.OW)
+
+    def forward_kernel(self, config):
+        if self.depthwise:
+            return _kernel(Conv2dDepthwiseForward, self.geometry + (self.has_bias, config.block_m), self.dtype,
+                           config.num_warps, config.num_stages)
+        constants = self.geometry + (self.groups, self.has_bias, self.tf32, config.block_m, config.block_n,
+                                     config.block_k)
+        return _kernel(Conv2dGemmForward, constants, self.dtype, config.num_warps, config.num_stages)
+
+    def dx_kernel(self, config):
+        if self.depthwise:
+            return _kernel(Conv2dDepthwiseDx, self.geometry + (config.block_m,), self.dtype, config.num_warps,
+                           config.num_stages)
+        constants = self.geometry + (self.groups, self.tf32, config.block_m, config.block_n, config.block_k)
+        return _kernel(Conv2dGemmDx, constants, self.dtype, config.num_warps, config.num_stages)
+
+    def dw_kernel(self, config, with_bias):
+        if self.depthwise:
+            taps = tuning._pow2_at_least(self.KH * self.KW)
+            return _kernel(Conv2dDepthwiseDw, self.geometry + (with_bias, taps, config.block_n), self.dtype,
+                           config.num_warps, config.num_stages)
+        constants = self.geometry + (self.groups, with_bias, self.tf32, config.block_m, config.block_n,
+                                     config.block_k)
+        return _kernel(Conv2dGemmDw, constants, self.dtype, config.num_warps, config.num_stages)
+
+    def reduce_kernel(self, with_bias):
+        return _kernel(Conv2dDwReduce, (with_bias, REDUCE_BLOCK), self.dtype, 4, 1)
+
+
+def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype=torch.float32,
+                bias=False, backward=True) -> list[str]:
+    """The ids of the kernels `conv2d` launches for this call (forward, then dx, dw, reduce when
+    `backward`), with the block sizes tuning has remembered for it or, before any tuning, its heuristic's."""
+    problem = _Problem(x_shape, weight_shape, _pair(stride, "stride"), _pair(padding, "padding"),
+                       _pair(dilation, "dilation"), groups, dtype, bias)
+    if problem.depthwise:
+        config = problem.depthwise_config()
+        kernels = [problem.forward_kernel(config)]
+        if backward:
+            kernels += [problem.dx_kernel(config), problem.dw_kernel(config, bias), problem.reduce_kernel(bias)]
+        return [k.id for k in kernels]
+    kernels = [problem.forward_kernel(tuning.peek("conv2d_forward", problem.key, problem.forward_candidates()))]
+    if backward:
+        kernels.append(problem.dx_kernel(tuning.peek("conv2d_dx", problem.key, problem.dx_candidates())))
+        kernels.append(problem.dw_kernel(tuning.peek("conv2d_dw", problem.key, problem.dw_candidates()), bias))
+        kernels.append(problem.reduce_kernel(bias))
+    return [k.id for k in kernels]
+
+
+# ---- the work ----
+
+def _forward(x, weight, bias, stride, padding, dilation, groups):
+    problem = _Problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype, bias is not None)
+    y = torch.empty(problem.B, problem.C_OUT, problem.OH, problem.OW, dtype=x.dtype, device=x.device)
+    bias_arg = bias if bias is not None else y  # not read when HAS_BIAS is False
+    if problem.depthwise:
+        b, c, h, w, oh, ow = problem.B, problem.C_IN, problem.H, problem.W, problem.OH, problem.OW
+        _launch(problem.forward_kernel(problem.depthwise_config()), x, weight, bias_arg, y, b, c, h, w, oh, ow)
+        return y
+
+    def run(config):
+        _launch(problem.forward_kernel(config), x, weight, bias_arg, y, *problem.sizes)
+
+    config = tuning.choose("conv2d_forward", problem.key, problem.forward_candidates(), run)
+    run(config)
+    return y
+
+
+def _dx(grad_y, weight, problem, device):
+    dx = torch.empty(problem.B, problem.C_IN, problem.H, problem.W, dtype=problem.dtype, device=device)
+    if problem.depthwise:
+        b, c, h, w, oh, ow = problem.B, problem.C_IN, problem.H, problem.W, problem.OH, problem.OW
+        _launch(problem.dx_kernel(problem.depthwise_config()), grad_y, weight, dx, b, c, h, w, oh, ow)
+        return dx
+
+    def run(config):
+        _launch(problem.dx_kernel(config), grad_y, weight, dx, *problem.sizes)
+
+    run(tuning.choose("conv2d_dx", problem.key, problem.dx_candidates(), run))
+    return dx
+
+
+def _dw_dbias(grad_y, x, problem, with_bias):
+    """dw and dbias (empty unless `with_bias`): split partial sums, then their ordered sum."""
+    n_dw = problem.C_OUT * problem.cin_per_group * problem.KH * problem.KW
+    row = dw_partial_size(problem.C_OUT, problem.cin_per_group, problem.KH, problem.KW, with_bias)
+    dw = torch.empty(problem.C_OUT, problem.cin_per_group, problem.KH, problem.KW, dtype=problem.dtype,
+                     device=x.device)
+    dbias = torch.empty(problem.C_OUT if with_bias else 0, dtype=problem.dtype, device=x.device)
+    reduce = problem.reduce_kernel(with_bias)
+
+    def run(config):
+        partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
+        kernel = problem.dw_kernel(config, with_bias)
+        if problem.depthwise:
+            b, c, h, w, oh, ow = problem.B, problem.C_IN, problem.H, problem.W, problem.OH, problem.OW
+            _launch(kernel, grad_y, x, partial, b, c, h, w, oh, ow, config.split)
+        else:
+            _launch(kernel, grad_y, x, partial, *problem.sizes, config.split)
+        _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, n_dw, problem.C_OUT)
+
+    if problem.depthwise:
+        run(problem.depthwise_config())
+    else:
+        run(tuning.choose("conv2d_dw", problem.key + (with_bias,), problem.dw_candidates(), run))
+    return dw, dbias
+
+
+def _output_shape(x, weight, stride, padding, dilation):
+    oh = _output_size(x.shape[2], weight.shape[2], stride[0], padding[0], dilation[0])
+    ow = _output_size(x.shape[3], weight.shape[3], stride[1], padding[1], dilation[1])
+    return (x.shape[0], weight.shape[0], oh, ow)
+
+
+@torch.library.custom_op("nnkernels::conv2d", mutates_args=())
+def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: list[int], padding: list[int],
+              dilation: list[int], groups: int) -> Tensor:
+    """The forward custom op (see `conv2d`, which also handles 3-D input and string padding)."""
+    _check(x, weight, bias, stride, padding, dilation, groups)
+    return _forward(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
+                    tuple(stride), tuple(padding), tuple(dilation), groups)
+
+
+@conv2d_op.register_fake
+def _conv2d_fake(x, weight, bias, stride, padding, dilation, groups):
+    return x.new_empty(_output_shape(x, weight, stride, padding, dilation))
+
+
+@torch.library.custom_op("nnkernels::conv2d_backward", mutates_args=())
+def conv2d_backward_op(grad_y: Tensor, x: Tensor, weight: Tensor, stride: list[int], padding: list[int],
+                       dilation: list[int], groups: int, need_dx: bool, need_dw: bool,
+                       need_dbias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dw, dbias) of `nnkernels::conv2d`; a gradient not asked for comes back as an empty tensor."""
+    _check(x, weight, None, stride, padding, dilation, groups)
+    x, weight, grad_y = x.contiguous(), weight.contiguous(), grad_y.contiguous()
+    problem = _Problem(x.shape, weight.shape, tuple(stride), tuple(padding), tuple(dilation), groups, x.dtype,
+                       need_dbias)
+    expected = (problem.B, problem.C_OUT, problem.OH, problem.OW)
+    if tuple(grad_y.shape) != expected or grad_y.dtype != x.dtype or grad_y.device != x.device:
+        raise ValueError(f"grad_y: expected {x.dtype} of shape {expected} on {x.device}, got {grad_y.dtype} "
+                         f"{tuple(grad_y.shape)} on {grad_y.device}")
+    dx = _dx(grad_y, weight, problem, x.device) if need_dx else x.new_empty(0)
+    dw, dbias = x.new_empty(0), x.new_empty(0)
+    if need_dw or need_dbias:
+        dw, dbias = _dw_dbias(grad_y, x, problem, need_dbias)
+        dw = dw if need_dw else x.new_empty(0)
+    return dx, dw, dbias
+
+
+@conv2d_backward_op.register_fake
+def _conv2d_backward_fake(grad_y, x, weight, stride, padding, dilation, groups, need_dx, need_dw, need_dbias):
+    return (x.new_empty(x.shape) if need_dx else x.new_empty(0),
+            weight.new_empty(weight.shape) if need_dw else x.new_empty(0),
+            weight.new_empty(weight.shape[0]) if need_dbias else x.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, stride, padding, dilation, groups = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.conv_args = (stride, padding, dilation, groups)
+    ctx.has_bias = bias is not None
+
+
+def _conv2d_backward(ctx, grad_y):
+    x, weight = ctx.saved_tensors
+    need_dx, need_dw, need_dbias = ctx.needs_input_grad[:3]
+    need_dbias = need_dbias and ctx.has_bias
+    dx, dw, dbias = torch.ops.nnkernels.conv2d_backward(grad_y, x, weight, *ctx.conv_args, need_dx, need_dw,
+                                                        need_dbias)
+    return (dx if need_dx else None, dw if need_dw else None, dbias if need_dbias else None, None, None, None, None)
+
+
+conv2d_op.register_autograd(_conv2d_backward, setup_context=_setup_context)
+
+
+def _register_autocast(device_type):
+    """Under autocast, cast floating inputs to the *active* autocast dtype (as torch's conv does), then
+    run the op with autocast off. `torch.library.register_autocast` fixes one dtype at registration,
+    so the rule is registered by hand on the Autocast<device> key, the way it registers its own."""
+    key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key_name))
+
+    def cast(tensor, dtype):
+        eligible = tensor is not None and tensor.is_floating_point() and tensor.dtype != torch.float64
+        return tensor.to(dtype) if eligible else tensor
+
+    def autocast_conv2d(keyset, x, weight, bias, stride, padding, dilation, groups):
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            return conv2d_op(cast(x, dtype), cast(weight, dtype), cast(bias, dtype), stride, padding, dilation,
+                             groups)
+
+    _AUTOCAST_LIBRARY.impl("conv2d", autocast_conv2d, key_name, with_keyset=True)
+
+
+_AUTOCAST_LIBRARY = torch.library.Library("nnkernels", "IMPL")
+for _device_type in ("cuda", "cpu"):
+    _register_autocast(_device_type)

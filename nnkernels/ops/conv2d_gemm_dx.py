@@ -1,0 +1,119 @@
+"""2-D convolution data gradient as an implicit GEMM on tensor cores, without atomics: `Conv2dGemmDx`.
+
+Gather form: each program owns a tile of dx and sums into it every (c_out, kh, kw) term that
+reaches it, so no two programs write the same element. With stride s an input row ih is reached
+by tap kh only when (ih + PAD_H - kh*DIL_H) is a multiple of s, and which taps those are depends
+only on ih mod s. So the programs split the pixels by their phase (ih mod s, iw mod s): within a
+program the set of contributing taps is the same for every pixel, and taps that never contribute
+are skipped whole instead of being multiplied by zero.
+"""
+import triton
+import triton.language as tl
+
+from ..kernel import kernel_object
+from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
+
+
+def conv2d_gemm_dx_entry(k, a):
+    """Grid (pixel tiles of one phase, c_in tiles, G * STRIDE_H * STRIDE_W) for `Conv2dGemmDx`."""
+    cin_per_group, _ = check_conv_launch(k, a, k.g)
+    pixels_per_phase = a.B * triton.cdiv(a.H, k.stride_h) * triton.cdiv(a.W, k.stride_w)
+    return check_grid_3d(
+        triton.cdiv(pixels_per_phase, k.block_m), triton.cdiv(cin_per_group, k.block_n), k.g * k.stride_h * k.stride_w
+    )
+
+
+@triton.jit
+def conv2d_gemm_dx(
+    dy, w, dx, B, C_IN, C_OUT, H, W, OH, OW,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr, G: tl.constexpr,
+    TF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """2-D convolution data gradient, implicit GEMM with tl.dot, gather form (no atomics).
+
+    Grid: (cdiv(B*cdiv(H,STRIDE_H)*cdiv(W,STRIDE_W), BLOCK_M), cdiv(C_IN/G, BLOCK_N), G*STRIDE_H*STRIDE_W).
+    Program (pm, pn, (g*STRIDE_H + ph)*STRIDE_W + pw) writes dx[b, c_in, ih, iw] for the BLOCK_M pixels
+    ih = ph + i*STRIDE_H, iw = pw + j*STRIDE_W (p = (b*cdiv(H,STRIDE_H) + i)*cdiv(W,STRIDE_W) + j) of
+    tile pm that lie in the image, and the BLOCK_N channels c_in = g*(C_IN/G) + n of tile pn:
+        dx = sum over (c_out_local, kh, kw) of dy[b, g*(C_OUT/G) + c_out_local, oh, ow] * w[c_out, n, kh, kw],
+        oh = (ih + PAD_H - kh*DIL_H) / STRIDE_H, ow = (iw + PAD_W - kw*DIL_W) / STRIDE_W,
+    over the taps where both divisions are exact and (oh, ow) lies in dy. Tensor-core products
+    (TF32 for fp32 when TF32), fp32 accumulation, dx rounded once; every element of dx is written
+    (0 where no tap reaches it).
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_z = tl.program_id(2)
+    group = pid_z // (STRIDE_H * STRIDE_W)
+    phase_h = (pid_z // STRIDE_W) % STRIDE_H
+    phase_w = pid_z % STRIDE_W
+    cin_per_group = C_IN // G
+    cout_per_group = C_OUT // G
+    taps: tl.constexpr = KH * KW
+    rows_per_phase = tl.cdiv(H, STRIDE_H)
+    cols_per_phase = tl.cdiv(W, STRIDE_W)
+    pixels_per_image = rows_per_phase * cols_per_phase
+    pixel = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    b = pixel // pixels_per_image
+    row = (pixel % pixels_per_image) // cols_per_phase
+    col = pixel % cols_per_phase
+    ih = phase_h + row * STRIDE_H
+    iw = phase_w + col * STRIDE_W
+    pixel_ok = (pixel < B * pixels_per_image) & (ih < H) & (iw < W)
+    ohw = OH * OW
+    # dy offset of (b, first channel of the group, row, col): each tap shifts it by a constant.
+    dy_pixel = (b.to(tl.int64) * C_OUT + group * cout_per_group) * ohw + row * OW + col
+    c_in = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_in_ok = c_in < cin_per_group
+    w_column = c_in * taps
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kh in tl.static_range(KH):
+        for kw in tl.static_range(KW):
+            reach_h = phase_h + PAD_H - kh * DIL_H
+            reach_w = phase_w + PAD_W - kw * DIL_W
+            # The whole program's pixels share one phase, so a tap reaches all of them or none.
+            if (reach_h % STRIDE_H == 0) & (reach_w % STRIDE_W == 0):
+                shift_h = reach_h // STRIDE_H
+                shift_w = reach_w // STRIDE_W
+                oh = row + shift_h
+                ow = col + shift_w
+                tap_ok = pixel_ok & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+                dy_tap = dy_pixel + (shift_h * OW + shift_w)
+                for c_out_first in range(0, cout_per_group, BLOCK_K):
+                    c_out = c_out_first + tl.arange(0, BLOCK_K)
+                    c_out_ok = c_out < cout_per_group
+                    # [c_out, pixels]: the pixel axis, contiguous in NCHW, is the fastest one.
+                    dy_tile = tl.load(
+                        dy + (c_out * ohw)[:, None] + dy_tap[None, :],
+                        mask=c_out_ok[:, None] & tap_ok[None, :],
+                        other=0.0,
+                    )
+                    w_row = (group * cout_per_group + c_out) * (cin_per_group * taps) + (kh * KW + kw)
+                    w_tile = tl.load(
+                        w + w_row[:, None] + w_column[None, :],
+                        mask=c_out_ok[:, None] & c_in_ok[None, :],
+                        other=0.0,
+                    )
+                    if TF32:
+                        acc = tl.dot(tl.trans(dy_tile), w_tile, acc, input_precision="tf32")
+                    else:
+                        acc = tl.dot(tl.trans(dy_tile), w_tile, acc, input_precision="ieee")
+    dx_pixel = b.to(tl.int64) * C_IN * H * W + ih * W + iw
+    dx_channel = (group * cin_per_group + c_in).to(tl.int64) * H * W
+    tl.store(
+        dx + dx_channel[:, None] + dx_pixel[None, :],
+        tl.trans(acc).to(dx.dtype.element_ty),
+        mask=c_in_ok[:, None] & pixel_ok[None, :],
+    )
+
+
+Conv2dGemmDx = kernel_object(
+    conv2d_gemm_dx,
+    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, 128, 64, 32),
+    entry=conv2d_gemm_dx_entry,
+    nonnegative=("PAD_H", "PAD_W"),
+    flags=("TF32",),
+    num_warps=4,
+    num_stages=3,
+)

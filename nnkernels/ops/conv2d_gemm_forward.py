@@ -1,0 +1,142 @@
+"""2-D convolution forward as an implicit GEMM on tensor cores: `Conv2dGemmForward`.
+
+Per group g the convolution is the matrix product
+    y[pixel, c_out] = sum over k of X[pixel, k] * Wt[k, c_out],   k = c_in_local * KH*KW + kh * KW + kw,
+with pixel = (b, oh, ow) and X the im2col view of x, which is never built: each K-slice of X is
+gathered from the NCHW tensor as it is needed. Flattening (c_in, kh, kw) into one K axis keeps
+the tensor cores busy when C_IN/G is tiny (the 3-channel stem) as well as when it is large.
+Also home of the launch checks the GEMM convolution kernels share.
+"""
+import triton
+import triton.language as tl
+
+from ..kernel import kernel_object
+from .checks import check_grid, check_numel
+
+GRID_AXIS_MAX = 65535  # CUDA's limit on grid axes 1 and 2
+
+
+def check_conv_launch(k, a, groups):
+    """Check the sizes of a convolution launch (with dilation) against its tensors; return C_IN/G, C_OUT/G."""
+    if a.C_IN % groups:
+        raise ValueError(f"C_IN: expected a multiple of the {groups} groups, got {a.C_IN}")
+    if a.C_OUT % groups:
+        raise ValueError(f"C_OUT: expected a multiple of the {groups} groups, got {a.C_OUT}")
+    for out_name, got, size_name, size, kernel, stride, pad, dil in (
+        ("OH", a.OH, "H", a.H, k.kh, k.stride_h, k.pad_h, k.dil_h),
+        ("OW", a.OW, "W", a.W, k.kw, k.stride_w, k.pad_w, k.dil_w),
+    ):
+        span = dil * (kernel - 1) + 1
+        expected = (size + 2 * pad - span) // stride + 1
+        if size + 2 * pad < span or got != expected:
+            raise ValueError(
+                f"{out_name}: expected ({size_name} + 2*pad - dil*(k-1) - 1) // stride + 1 = {expected} "
+                f"(>= 1), got {got}"
+            )
+    x_numel = a.B * a.C_IN * a.H * a.W
+    w_numel = a.C_OUT * (a.C_IN // groups) * k.kh * k.kw
+    y_numel = a.B * a.C_OUT * a.OH * a.OW
+    for names, numel, formula in (
+        (("x", "dx"), x_numel, "B*C_IN*H*W"),
+        (("w",), w_numel, "C_OUT*(C_IN/G)*KH*KW"),
+        (("y", "dy"), y_numel, "B*C_OUT*OH*OW"),
+    ):
+        for name in names:
+            if hasattr(a, name):
+                check_numel(name, getattr(a, name), numel, formula)
+    return a.C_IN // groups, a.C_OUT // groups
+
+
+def check_grid_3d(axis0, axis1, axis2):
+    """A 3-axis grid; axes 1 and 2 must fit CUDA's 65535."""
+    for name, value in (("grid axis 1", axis1), ("grid axis 2", axis2)):
+        if value > GRID_AXIS_MAX:
+            raise ValueError(f"{name}: {value} programs exceed the {GRID_AXIS_MAX} that CUDA allows")
+    return (check_grid(axis0)[0], axis1, axis2)
+
+
+def conv2d_gemm_forward_entry(k, a):
+    """Grid (pixel tiles, c_out tiles, G) for `Conv2dGemmForward`."""
+    _, cout_per_group = check_conv_launch(k, a, k.g)
+    if k.has_bias:
+        check_numel("bias", a.bias, a.C_OUT, "C_OUT")
+    return check_grid_3d(triton.cdiv(a.B * a.OH * a.OW, k.block_m), triton.cdiv(cout_per_group, k.block_n), k.g)
+
+
+@triton.jit
+def conv2d_gemm_forward(
+    x, w, bias, y, B, C_IN, C_OUT, H, W, OH, OW,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr, G: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """2-D convolution forward, implicit GEMM with tl.dot (stride, padding, dilation, groups, bias).
+
+    Grid: (cdiv(B*OH*OW, BLOCK_M), cdiv(C_OUT/G, BLOCK_N), G).
+    Program (pm, pn, g) writes y[b, c_out, oh, ow] for the BLOCK_M pixels p = b*OH*OW + oh*OW + ow
+    of tile pm and the BLOCK_N channels c_out = g*(C_OUT/G) + n of tile pn:
+        y = bias[c_out] + sum over (c_in_local, kh, kw) of w[c_out, c_in_local, kh, kw]
+            * x[b, g*(C_IN/G) + c_in_local, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W],
+    x read as 0 outside the image; the sum runs over K = (C_IN/G)*KH*KW in BLOCK_K slices.
+    Products on tensor cores (fp32 inputs as TF32 when TF32, else full fp32), accumulation in fp32,
+    y rounded once. Every element of y is written; bias is read only when HAS_BIAS.
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    group = tl.program_id(2)
+    cin_per_group = C_IN // G
+    cout_per_group = C_OUT // G
+    taps: tl.constexpr = KH * KW
+    k_total = cin_per_group * taps
+    ohw = OH * OW
+    pixel = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pixel_ok = pixel < B * ohw
+    b = pixel // ohw
+    pixel_in_image = pixel % ohw
+    ih_first = (pixel_in_image // OW) * STRIDE_H - PAD_H
+    iw_first = (pixel_in_image % OW) * STRIDE_W - PAD_W
+    # Offset of x[b, first channel of the group, ih_first, iw_first]; may point before the image where
+    # the window starts in the padding, but those elements are masked.
+    x_pixel = (b.to(tl.int64) * C_IN + group * cin_per_group) * H * W + ih_first * W + iw_first
+    c_out = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_out_ok = c_out < cout_per_group
+    w_rows = (group * cout_per_group + c_out).to(tl.int64) * k_total
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k_first in range(0, k_total, BLOCK_K):
+        k = k_first + tl.arange(0, BLOCK_K)
+        k_ok = k < k_total
+        c_in_local = k // taps
+        dh = ((k % taps) // KW) * DIL_H
+        dw = (k % KW) * DIL_W
+        ih = ih_first[None, :] + dh[:, None]
+        iw = iw_first[None, :] + dw[:, None]
+        inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & k_ok[:, None] & pixel_ok[None, :]
+        # Tiles are [K, pixels] so that the pixel axis, contiguous in NCHW, is the fastest one.
+        x_tile = tl.load(x + x_pixel[None, :] + (c_in_local * H * W + dh * W + dw)[:, None], mask=inside, other=0.0)
+        w_tile = tl.load(w + w_rows[:, None] + k[None, :], mask=c_out_ok[:, None] & k_ok[None, :], other=0.0)
+        if TF32:
+            acc = tl.dot(tl.trans(x_tile), tl.trans(w_tile), acc, input_precision="tf32")
+        else:
+            acc = tl.dot(tl.trans(x_tile), tl.trans(w_tile), acc, input_precision="ieee")
+    if HAS_BIAS:
+        bias_values = tl.load(bias + group * cout_per_group + c_out, mask=c_out_ok, other=0.0)
+        acc += bias_values.to(tl.float32)[None, :]
+    y_pixel = b.to(tl.int64) * C_OUT * ohw + pixel_in_image
+    y_channel = (group * cout_per_group + c_out).to(tl.int64) * ohw
+    tl.store(
+        y + y_channel[:, None] + y_pixel[None, :],
+        tl.trans(acc).to(y.dtype.element_ty),
+        mask=c_out_ok[:, None] & pixel_ok[None, :],
+    )
+
+
+Conv2dGemmForward = kernel_object(
+    conv2d_gemm_forward,
+    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, 128, 64, 32),
+    entry=conv2d_gemm_forward_entry,
+    nonnegative=("PAD_H", "PAD_W"),
+    flags=("HAS_BIAS", "TF32"),
+    num_warps=4,
+    num_stages=3,
+)

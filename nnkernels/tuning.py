@@ -1,0 +1,237 @@
+"""Block sizes per shape: a heuristic first guess, refined on the GPU by timing a small config set.
+
+`choose(kind, key, candidates, run)` returns one of `candidates` (a list of `Config`, the
+heuristic's guess first). It times them only when all of these hold: the process runs Triton
+compiled (the interpreter gets the heuristic, which there means few, large programs), tuning is
+not switched off (`NNKERNELS_TUNE=off`), and the current CUDA stream is not capturing a graph
+(timing would break the capture). Choices are remembered in memory and in
+`$NNKERNELS_CACHE_DIR/tuning.json` (default `~/.cache/nnkernels/tuning.json`), keyed by the kind,
+the shape, the GPU and the Triton version, so each shape is tuned once per machine.
+
+Cost bound: candidates are tried in order and no new one is started once 2 s have passed since
+tuning of the shape began, so a new shape costs at most about 2 s plus one compilation (Triton
+keeps compiled kernels in its own disk cache, so a config compiles once per machine).
+`NNKERNELS_TUNE=quick` (the default) tries the first three candidates, `full` all of them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .kernel import INTERPRETED
+
+TUNING_BUDGET_S = 2.0
+QUICK_CANDIDATES = 3
+_log = logging.getLogger("nnkernels")
+_lock = threading.Lock()
+_memory: dict | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile sizes and launch options of one kernel launch; `split` only for split reductions."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    split: int = 1
+
+
+def mode() -> str:
+    """`NNKERNELS_TUNE`: "off" (heuristic only), "quick" (default) or "full"."""
+    value = os.environ.get("NNKERNELS_TUNE", "quick").lower()
+    if value not in ("off", "quick", "full"):
+        raise ValueError(f"NNKERNELS_TUNE: expected one of off, quick, full, got {value!r}")
+    return value
+
+
+def cache_path() -> Path:
+    root = os.environ.get("NNKERNELS_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nnkernels")
+    return Path(root) / "tuning.json"
+
+
+def _stored() -> dict:
+    global _memory
+    if _memory is None:
+        try:
+            _memory = json.loads(cache_path().read_text())
+        except (OSError, ValueError):
+            _memory = {}
+    return _memory
+
+
+def _save(full_key: str, config: Config):
+    """Merge one choice into the JSON file (re-read first: other processes may have added theirs)."""
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            on_disk = json.loads(path.read_text())
+        except (OSError, ValueError):
+            on_disk = {}
+        on_disk[full_key] = asdict(config)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuning.", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(on_disk, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as error:
+        _log.warning("tuning: could not write %s (%s); the choice is kept for this process only", path, error)
+
+
+def _full_key(kind: str, key) -> str:
+    import triton
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return f"{kind}|{key}|{device}|triton {triton.__version__}"
+
+
+def _time_ms(run, config) -> float:
+    """Mean ms of `run(config)` over enough back-to-back calls to fill about 10 ms."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run(config)
+    end.record()
+    end.synchronize()
+    reps = max(1, min(50, int(10.0 / max(start.elapsed_time(end), 1e-3))))
+    start.record()
+    for _ in range(reps):
+        run(config)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def choose(kind: str, key, candidates: list[Config], run) -> Config:
+    """The config to launch `kind` with on shape `key` (see the module docstring).
+
+    `run(config)` must launch the kernel(s) on the real tensors with `config`; it is called
+    only while tuning, and must leave correct results (every call rewrites the outputs).
+    """
+    heuristic = candidates[0]
+    if INTERPRETED or len(candidates) == 1 or mode() == "off":
+        return heuristic
+    full_key = _full_key(kind, key)
+    with _lock:
+        stored = _stored().get(full_key)
+    if stored is not None:
+        return Config(**stored)
+    if torch.cuda.is_current_stream_capturing():
+        return heuristic
+    tried = candidates if mode() == "full" else candidates[:QUICK_CANDIDATES]
+    began = time.perf_counter()
+    timings = {}
+    for config in tried:
+        if timings and time.perf_counter() - began > TUNING_BUDGET_S:
+            break
+        try:
+            run(config)  # compiles, and warms the caches
+            timings[config] = _time_ms(run, config)
+        except Exception as error:  # a config the GPU cannot hold (shared memory, registers) just drops out
+            if "OutOfResources" not in type(error).__name__ and "out of resource" not in str(error):
+                raise
+            _log.debug("tuning %s %s: %s does not fit (%s)", kind, key, config, error)
+    best = min(timings, key=timings.get) if timings else heuristic
+    if timings:
+        run(best)  # leave the outputs as the chosen config writes them
+    _log.debug("tuning %s %s: %s", kind, key, {str(c): round(t, 4) for c, t in timings.items()})
+    with _lock:
+        _stored()[full_key] = asdict(best)
+    _save(full_key, best)
+    return best
+
+
+# ---- The config sets: the heuristic's guess first, then the alternatives tuning may time. ----
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _clamp_pow2(n: int, low: int, high: int) -> int:
+    return max(low, min(high, _pow2_at_least(n)))
+
+
+def _num_sms() -> int:
+    if not torch.cuda.is_available():
+        return 1
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def gemm_candidates(m: int, n: int, k: int, dtype: torch.dtype) -> list[Config]:
+    """Configs for an implicit GEMM with M = pixels, N = channels, K = reduction (forward, dx).
+
+    Interpreter: one program over (nearly) all pixels and channels, so the launch has few programs.
+    GPU: 128 x N-tile x K-slice tiles with 4 warps (the usual Hopper wgmma shape), K-slices of
+    64 bytes of fp32 or 128 bytes of 16-bit data; the alternatives vary the pixel tile (64, 256),
+    the K slice and the pipeline depth.
+    """
+    block_n = _clamp_pow2(n, 16, 128)
+    if INTERPRETED:
+        return [Config(_clamp_pow2(m, 16, 4096), block_n, _clamp_pow2(k, 16, 128), 4, 1)]
+    wide = 64 if dtype != torch.float32 else 32
+    block_k = _clamp_pow2(k, 16, wide)
+    narrow = max(16, block_k // 2)
+    configs = [
+        Config(128, block_n, block_k, 4 if block_n <= 64 else 8, 3),
+        Config(128, block_n, narrow, 4, 4),
+        Config(256, block_n, block_k, 8, 3),
+        Config(64, block_n, block_k, 4, 4),
+        Config(128, _clamp_pow2(n, 16, 256), block_k, 8, 3),
+        Config(256, block_n, narrow, 8, 4),
+    ]
+    return list(dict.fromkeys(configs))
+
+
+def dw_candidates(m: int, n: int, pixels: int, groups: int, dtype: torch.dtype) -> list[Config]:
+    """Configs for the weight gradient: M = C_OUT/G, N = (C_IN/G)*KH*KW, K = pixels, split over K.
+
+    The output is small and K long, so `split` slices K until about two programs per SM run;
+    each slice keeps at least four K-steps so the partial sums stay few.
+    """
+    if INTERPRETED:
+        return [Config(_clamp_pow2(m, 16, 64), _clamp_pow2(n, 16, 128), _clamp_pow2(pixels, 16, 2048), 4, 1, 1)]
+    wide = 64 if dtype != torch.float32 else 32
+    configs = []
+    for block_m, block_n, block_k, warps, stages, oversubscribe in (
+        (64, 64, wide, 4, 3, 2),
+        (64, 128, wide, 8, 3, 2),
+        (128, 64, wide, 8, 3, 2),
+        (64, 64, wide, 4, 4, 4),
+        (128, 128, wide, 8, 3, 2),
+        (64, 64, wide // 2, 4, 4, 2),
+    ):
+        block_m = _clamp_pow2(m, 16, block_m)
+        block_n = _clamp_pow2(n, 16, block_n)
+        tiles = -(-m // block_m) * -(-n // block_n) * groups
+        most = max(1, pixels // (4 * block_k))
+        split = max(1, min(most, -(-oversubscribe * _num_sms() // tiles)))
+        configs.append(Config(block_m, block_n, block_k, warps, stages, split))
+    return list(dict.fromkeys(configs))
+
+
+def depthwise_config(batch: int, channels: int, pixels: int) -> Config:
+    """Depthwise kernels (memory-bound, heuristic only): `block_m` pixels per forward/dx program;
+    for dw, `block_n` pixels per step (its tile holds all taps, so it is smaller) and `split`
+    batch slices so that about four programs per SM run."""
+    if INTERPRETED:
+        return Config(_clamp_pow2(pixels, 16, 4096), _clamp_pow2(pixels, 16, 4096), 1, 4, 1, 1)
+    split = max(1, min(batch, -(-4 * _num_sms() // channels)))
+    return Config(_clamp_pow2(pixels, 64, 1024), _clamp_pow2(pixels, 64, 256), 1, 4, 2, split)
+
+
+def peek(kind: str, key, candidates: list[Config]) -> Config:
+    """The config `choose` would use now, without timing anything: the remembered one or the heuristic."""
+    if INTERPRETED or len(candidates) == 1 or mode() == "off":
+        return candidates[0]
+    with _lock:
+        stored = _stored().get(_full_key(kind, key))
+    return Config(**stored) if stored is not None else candidates[0]

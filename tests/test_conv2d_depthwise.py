@@ -1,0 +1,87 @@
+"""The direct depthwise kernels (forward, dx, dw split over the batch + ordered reduce), launched directly.
+
+References: torch's grouped convolution (groups = C) in float64 on the same data; outputs
+poisoned with NaN before launch; blocks that do not divide the planes, so tiles are ragged.
+"""
+import pytest
+import torch
+
+from nnkernels.ops.conv2d_depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward
+from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce, dw_partial_size
+from support import DTYPES, assert_close, gpu, poisoned, randn
+
+# (B, C, H, W, KH, KW, stride, pad, dilation, bias)
+CASES = [
+    pytest.param((2, 3, 7, 6, 3, 3, (1, 1), (1, 1), (1, 1), True), id="3x3-pad1-bias"),
+    pytest.param((2, 2, 9, 8, 3, 3, (2, 2), (1, 1), (1, 1), False), id="3x3-stride2"),
+    pytest.param((2, 1, 10, 9, 3, 5, (2, 1), (2, 1), (2, 1), True), id="rect-dilated"),
+]
+
+
+def _run_all(case, dtype, block=32, split=2):
+    B, C, H, W, KH, KW, stride, pad, dil, has_bias = case
+    OH = (H + 2 * pad[0] - dil[0] * (KH - 1) - 1) // stride[0] + 1
+    OW = (W + 2 * pad[1] - dil[1] * (KW - 1) - 1) // stride[1] + 1
+    x, w, dy = randn(B, C, H, W, dtype=dtype), randn(C, 1, KH, KW, dtype=dtype), randn(B, C, OH, OW, dtype=dtype)
+    bias = randn(C, dtype=dtype) if has_bias else None
+    geometry = (KH, KW, *stride, *pad, *dil)
+    sizes = (B, C, H, W, OH, OW)
+    y = poisoned(B, C, OH, OW, dtype=dtype)
+    Conv2dDepthwiseForward(*geometry, has_bias, block, dtype=dtype).launch(x, w, bias if has_bias else y, y, *sizes)
+    dx = poisoned(B, C, H, W, dtype=dtype)
+    Conv2dDepthwiseDx(*geometry, block, dtype=dtype).launch(dy, w, dx, *sizes)
+    partial = poisoned(split, dw_partial_size(C, 1, KH, KW, has_bias), dtype=torch.float32)
+    taps = 1 << (KH * KW - 1).bit_length()
+    Conv2dDepthwiseDw(*geometry, has_bias, taps, block, dtype=dtype).launch(dy, x, partial, *sizes, split)
+    dw, dbias = poisoned(C, 1, KH, KW, dtype=dtype), poisoned(C, dtype=dtype)
+    Conv2dDwReduce(has_bias, 16, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split, dw.numel(), C)
+    x64, w64 = x.double().cpu().requires_grad_(), w.double().cpu().requires_grad_()
+    b64 = bias.double().cpu().requires_grad_() if has_bias else None
+    y64 = torch.nn.functional.conv2d(x64, w64, b64, stride, pad, dil, C)
+    y64.backward(dy.double().cpu())
+    return [(y, y64), (dx, x64.grad), (dw, w64.grad)] + ([(dbias, b64.grad)] if has_bias else [])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_depthwise_kernels_match_float64(case):
+    for out, ref in _run_all(case, torch.float32):
+        assert_close(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_depthwise_kernels_16bit(dtype):
+    for out, ref in _run_all(CASES[0].values[0], dtype):
+        assert_close(out, ref, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_depthwise_kernels_gpu_tiles(dtype):
+    case = (6, 40, 29, 31, 3, 3, (1, 1), (1, 1), (1, 1), True)
+    for out, ref in _run_all(case, dtype, block=256, split=4):
+        assert_close(out, ref, dtype)
+
+
+@gpu
+def test_depthwise_backward_bitwise_deterministic():
+    case = (8, 64, 28, 28, 3, 3, (1, 1), (1, 1), (1, 1), True)
+    torch.manual_seed(5)
+    first = _run_all(case, torch.float32, block=256, split=8)
+    torch.manual_seed(5)
+    second = _run_all(case, torch.float32, block=256, split=8)
+    for (a, _), (b, _) in zip(first[1:], second[1:]):
+        assert torch.equal(a, b)
+
+
+def test_depthwise_launch_checks():
+    dw_kernel = Conv2dDepthwiseDw(3, 3, 1, 1, 1, 1, 1, 1, False, 8, 16)
+    dy, x = randn(2, 3, 4, 4), randn(2, 3, 4, 4)
+    partial = poisoned(1, 27, dtype=torch.float32)
+    with pytest.raises(ValueError, match="block_taps"):
+        dw_kernel.launch(dy, x, partial, 2, 3, 4, 4, 4, 4, 1)
+    good = Conv2dDepthwiseDw(3, 3, 1, 1, 1, 1, 1, 1, False, 16, 16)
+    with pytest.raises(ValueError, match="SPLIT"):
+        good.launch(dy, x, poisoned(3, 27, dtype=torch.float32), 2, 3, 4, 4, 4, 4, 3)
+    with pytest.raises(ValueError, match="OW"):
+        Conv2dDepthwiseForward(3, 3, 1, 1, 1, 1, 1, 1, False, 16).launch(x, randn(3, 1, 3, 3), x, x, 2, 3, 4, 4, 4, 3)
+    assert torch.isnan(partial).all()

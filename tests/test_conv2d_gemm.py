@@ -1,0 +1,155 @@
+"""The implicit-GEMM convolution kernels (forward, dx, dw + ordered reduce), launched directly.
+
+References are torch's convolution in float64 on the same data. Outputs are poisoned with NaN
+before launch, so an element a kernel does not write fails. Block sizes are set per case so that
+no size is a multiple of any block (several programs per axis, ragged last tiles).
+On the GPU fp32 runs with TF32 products (cuDNN's default) and with full fp32; TF32 needs a
+looser tolerance (2e-3: 10-bit mantissa products) than full fp32 (1e-5).
+"""
+import pytest
+import torch
+
+from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw, dw_partial_size
+from nnkernels.ops.conv2d_gemm_dx import Conv2dGemmDx
+from nnkernels.ops.conv2d_gemm_forward import Conv2dGemmForward
+from support import DEVICE, DTYPES, TOLERANCE, assert_close, gpu, poisoned, randn
+
+TF32_TOLERANCE = 2e-3
+
+# (B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dilation, groups, bias)
+CASES = [
+    pytest.param((2, 3, 5, 7, 9, 3, 3, (1, 1), (1, 1), (1, 1), 1, True), id="3x3-pad1-bias"),
+    pytest.param((2, 4, 6, 9, 8, 3, 3, (2, 2), (1, 1), (1, 1), 2, True), id="3x3-stride2-groups2"),
+    pytest.param((1, 5, 3, 10, 11, 3, 2, (2, 3), (2, 0), (2, 1), 1, False), id="rect-stride23-dil2"),
+    pytest.param((2, 6, 4, 5, 7, 1, 1, (1, 1), (0, 0), (1, 1), 2, False), id="1x1-groups2"),
+    pytest.param((1, 3, 5, 11, 10, 7, 7, (2, 2), (3, 3), (1, 1), 1, True), id="stem-7x7-s2"),
+]
+
+
+def _conv_sizes(B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dil):
+    OH = (H + 2 * pad[0] - dil[0] * (KH - 1) - 1) // stride[0] + 1
+    OW = (W + 2 * pad[1] - dil[1] * (KW - 1) - 1) // stride[1] + 1
+    return OH, OW
+
+
+def _references(x, w, bias, dy, stride, pad, dil, groups):
+    x64 = x.double().cpu().requires_grad_()
+    w64 = w.double().cpu().requires_grad_()
+    b64 = bias.double().cpu().requires_grad_() if bias is not None else None
+    y64 = torch.nn.functional.conv2d(x64, w64, b64, stride, pad, dil, groups)
+    y64.backward(dy.double().cpu())
+    return y64.detach(), x64.grad, w64.grad, (b64.grad if b64 is not None else None)
+
+
+def _run_all(case, dtype, tf32, blocks=(32, 16, 16), split=3):
+    B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dil, groups, has_bias = case
+    OH, OW = _conv_sizes(B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dil)
+    x = randn(B, C_IN, H, W, dtype=dtype)
+    w = randn(C_OUT, C_IN // groups, KH, KW, dtype=dtype)
+    bias = randn(C_OUT, dtype=dtype) if has_bias else None
+    dy = randn(B, C_OUT, OH, OW, dtype=dtype)
+    geometry = (KH, KW, *stride, *pad, *dil, groups)
+    sizes = (B, C_IN, C_OUT, H, W, OH, OW)
+    y = poisoned(B, C_OUT, OH, OW, dtype=dtype)
+    Conv2dGemmForward(*geometry, has_bias, tf32, *blocks, dtype=dtype).launch(
+        x, w, bias if has_bias else y, y, *sizes
+    )
+    dx = poisoned(B, C_IN, H, W, dtype=dtype)
+    Conv2dGemmDx(*geometry, tf32, *blocks, dtype=dtype).launch(dy, w, dx, *sizes)
+    row = dw_partial_size(C_OUT, C_IN // groups, KH, KW, has_bias)
+    partial = poisoned(split, row, dtype=torch.float32)
+    Conv2dGemmDw(*geometry, has_bias, tf32, *blocks, dtype=dtype).launch(dy, x, partial, *sizes, split)
+    dw = poisoned(C_OUT, C_IN // groups, KH, KW, dtype=dtype)
+    dbias = poisoned(C_OUT, dtype=dtype)
+    Conv2dDwReduce(has_bias, 64, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
+                                                     dw.numel(), C_OUT)
+    refs = _references(x, w, bias, dy, stride, pad, dil, groups)
+    return (y, dx, dw, dbias if has_bias else None), refs
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gemm_kernels_match_float64_fp32(case):
+    ours, refs = _run_all(case, torch.float32, tf32=False)
+    for out, ref in zip(ours, refs):
+        if ref is not None:
+            assert_close(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", [CASES[0], CASES[1]])
+def test_gemm_kernels_match_float64_16bit(case, dtype):
+    ours, refs = _run_all(case, dtype, tf32=True)
+    for out, ref in zip(ours, refs):
+        if ref is not None:
+            assert_close(out, ref, dtype)
+
+
+def test_gemm_kernels_one_program_per_axis():
+    """Blocks larger than every size (what the CPU heuristic picks): masks alone bound the tile."""
+    ours, refs = _run_all(CASES[2].values[0], torch.float32, tf32=False, blocks=(256, 16, 64), split=1)
+    for out, ref in zip(ours, refs):
+        if ref is not None:
+            assert_close(out, ref, torch.float32)
+
+
+@gpu
+@pytest.mark.parametrize("case", CASES)
+def test_gemm_kernels_tf32(case):
+    ours, refs = _run_all(case, torch.float32, tf32=True)
+    for out, ref in zip(ours, refs):
+        if ref is not None:
+            assert_close(out, ref, tol=TF32_TOLERANCE)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_kernels_large_blocks_gpu(dtype):
+    """The GPU's tile shapes (128 pixels x 64 channels, split dw) on a ResNet-like layer."""
+    case = (4, 64, 96, 15, 13, 3, 3, (1, 1), (1, 1), (1, 1), 1, True)
+    ours, refs = _run_all(case, dtype, tf32=True, blocks=(128, 64, 32), split=5)
+    for out, ref in zip(ours, refs):
+        assert_close(out, ref, tol=max(TOLERANCE[dtype], TF32_TOLERANCE))
+
+
+@gpu
+def test_dx_and_dw_bitwise_deterministic():
+    case = (4, 32, 48, 14, 14, 3, 3, (1, 1), (1, 1), (1, 1), 1, True)
+    torch.manual_seed(3)
+    first, _ = _run_all(case, torch.bfloat16, tf32=True, blocks=(64, 32, 32), split=7)
+    torch.manual_seed(3)
+    second, _ = _run_all(case, torch.bfloat16, tf32=True, blocks=(64, 32, 32), split=7)
+    for a, b in zip(first[1:], second[1:]):
+        assert torch.equal(a, b)
+
+
+def test_launch_rejects_wrong_sizes_and_writes_nothing():
+    kernel = Conv2dGemmForward(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, 16, 16, 16)
+    x, w = randn(1, 2, 5, 5), randn(3, 2, 3, 3)
+    y = poisoned(1, 3, 5, 5)
+    with pytest.raises(ValueError, match="OH"):
+        kernel.launch(x, w, y, y, 1, 2, 3, 5, 5, 4, 5)
+    with pytest.raises(ValueError, match="w: expected"):
+        kernel.launch(x, randn(3, 2, 3, 2), y, y, 1, 2, 3, 5, 5, 5, 5)
+    assert torch.isnan(y).all()
+    with pytest.raises(ValueError, match="C_IN"):
+        Conv2dGemmDx(3, 3, 1, 1, 1, 1, 1, 1, 2, True, 16, 16, 16).launch(y, w, x, 1, 3, 4, 5, 5, 5, 5)
+    with pytest.raises(ValueError, match="SPLIT"):
+        Conv2dGemmDw(1, 1, 1, 1, 0, 0, 1, 1, 1, False, True, 16, 16, 16).launch(
+            randn(1, 3, 2, 2), randn(1, 2, 2, 2), poisoned(5, 6, dtype=torch.float32), 1, 2, 3, 2, 2, 2, 2, 5
+        )
+    with pytest.raises(ValueError, match="partial"):
+        Conv2dGemmDw(1, 1, 1, 1, 0, 0, 1, 1, 1, True, True, 16, 16, 16).launch(
+            randn(1, 3, 2, 2), randn(1, 2, 2, 2), poisoned(2, 6, dtype=torch.float32), 1, 2, 3, 2, 2, 2, 2, 2
+        )
+
+
+def test_kernel_ids_name_every_constant():
+    kernel = Conv2dGemmForward(3, 3, 1, 1, 1, 1, 1, 1, 1, True, False, 128, 64, 32, dtype=torch.bfloat16)
+    assert kernel.id == "conv2d_gemm_forward__bf16__3__3__1__1__1__1__1__1__1__1__0__128__64__32"
+    assert "Grid:" in type(kernel).__doc__
+    with pytest.raises(ValueError, match="block_m"):
+        Conv2dGemmForward(3, 3, 1, 1, 1, 1, 1, 1, 1, True, False, 96, 64, 32)
+
+
+def test_device_is_the_suite_device():
+    assert randn(1).device.type == DEVICE

@@ -1,0 +1,176 @@
+"""nnkernels.functional.conv2d: torch's semantics, autograd, custom-op registration, autocast, errors.
+
+References: torch.nn.functional.conv2d and its autograd in float64 on the same data.
+On the GPU fp32 is checked with TF32 on (2e-3: TF32 products) and off (1e-5).
+"""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nnkernels import tuning
+from nnkernels.functional.conv2d import KERNELS, conv2d, kernels_for
+from support import DEVICE, TOLERANCE, assert_close, gpu, randn
+
+TF32_TOLERANCE = 2e-3
+
+# (B, C_IN, C_OUT, H, W, K, stride, padding, dilation, groups, bias)
+CASES = [
+    pytest.param((2, 3, 4, 6, 7, 3, 1, 1, 1, 1, True), id="3x3-pad1-bias"),
+    pytest.param((2, 4, 4, 7, 6, 3, 2, 1, 1, 4, True), id="depthwise-stride2"),
+    pytest.param((1, 4, 6, 9, 8, 3, 2, 2, 2, 2, False), id="groups2-dilated"),
+    pytest.param((2, 4, 3, 5, 5, 1, 1, 0, 1, 1, True), id="1x1"),
+]
+
+
+def _compare(case, dtype, tol):
+    B, C_IN, C_OUT, H, W, K, stride, padding, dilation, groups, has_bias = case
+    x = randn(B, C_IN, H, W, dtype=dtype).requires_grad_()
+    w = randn(C_OUT, C_IN // groups, K, K, dtype=dtype).requires_grad_()
+    b = randn(C_OUT, dtype=dtype).requires_grad_() if has_bias else None
+    y = conv2d(x, w, b, stride, padding, dilation, groups)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    x64, w64 = x.detach().double().cpu().requires_grad_(), w.detach().double().cpu().requires_grad_()
+    b64 = b.detach().double().cpu().requires_grad_() if has_bias else None
+    y64 = F.conv2d(x64, w64, b64, stride, padding, dilation, groups)
+    y64.backward(dy.double().cpu())
+    assert y.dtype == dtype
+    assert_close(y, y64, tol=tol)
+    assert_close(x.grad, x64.grad, tol=tol)
+    assert_close(w.grad, w64.grad, tol=tol)
+    if has_bias:
+        assert_close(b.grad, b64.grad, tol=tol)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_conv2d_and_autograd_match_torch(case):
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        _compare(case, torch.float32, TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_conv2d_16bit(dtype):
+    _compare(CASES[0].values[0], dtype, TOLERANCE[dtype])
+
+
+@gpu
+@pytest.mark.parametrize("case", CASES)
+def test_conv2d_tf32_follows_cudnn_flag(case):
+    with torch.backends.cudnn.flags(allow_tf32=True):
+        _compare(case, torch.float32, TF32_TOLERANCE)
+
+
+@gpu
+def test_backward_bitwise_deterministic_resnet_layer():
+    x = randn(8, 64, 28, 28, dtype=torch.bfloat16).requires_grad_()
+    w = randn(64, 64, 3, 3, dtype=torch.bfloat16).requires_grad_()
+    grads = []
+    for _ in range(2):
+        x.grad = w.grad = None
+        conv2d(x, w, None, 1, 1).backward(torch.ones(8, 64, 28, 28, device=DEVICE, dtype=torch.bfloat16))
+        grads.append((x.grad.clone(), w.grad.clone()))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+@gpu
+def test_no_tuning_during_graph_capture(tmp_path, monkeypatch):
+    monkeypatch.setenv("NNKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "_memory", None)
+    x, w = randn(3, 24, 11, 11), randn(40, 24, 3, 3)
+    monkeypatch.setenv("NNKERNELS_TUNE", "off")
+    conv2d(x, w, None, 1, 1)  # compiles the heuristic's kernel outside the capture
+    monkeypatch.setenv("NNKERNELS_TUNE", "full")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = conv2d(x, w, None, 1, 1)
+    graph.replay()
+    assert_close(y, F.conv2d(x.double(), w.double(), None, 1, 1), tol=TF32_TOLERANCE)
+    assert not (tmp_path / "tuning.json").exists()
+
+
+def test_unbatched_input_and_string_padding():
+    x, w = randn(3, 6, 5), randn(4, 3, 2, 2)
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        y = conv2d(x, w, padding="same")
+        assert_close(y, F.conv2d(x.double(), w.double(), padding="same"), torch.float32)
+        assert_close(conv2d(x, w, padding="valid"), F.conv2d(x.double(), w.double()), torch.float32)
+
+
+def test_opcheck():
+    x, w, b = randn(2, 3, 5, 5), randn(4, 3, 3, 3), randn(4)
+    args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), [1, 1], [1, 1], [1, 1], 1)
+    torch.library.opcheck(torch.ops.nnkernels.conv2d.default, args)
+
+
+def test_autocast_runs_in_the_active_autocast_dtype():
+    x, w = randn(2, 3, 5, 5), randn(4, 3, 3, 3)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        y = conv2d(x, w, None, 1, 1)
+        reference = F.conv2d(x, w, None, 1, 1)
+    assert y.dtype == reference.dtype == torch.bfloat16
+    assert_close(y, F.conv2d(x.double(), w.double(), None, 1, 1), torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: (randn(1, 3, 5, 5), randn(4, 2, 3, 3), {}), ValueError, "input: expected 2 channels"),
+        (lambda: (randn(1, 4, 5, 5), randn(6, 2, 3, 3), {"groups": 4}), ValueError, "groups"),
+        (lambda: (randn(1, 6, 5, 5), randn(4, 2, 3, 3), {"groups": 3}), ValueError, "groups: 3 does not divide"),
+        (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3), {"padding": -1}), ValueError, "padding"),
+        (lambda: (randn(1, 3, 2, 2), randn(4, 3, 3, 3), {}), ValueError, "larger than the padded input"),
+        (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3, dtype=torch.float16), {}), TypeError, "weight: expected dtype"),
+        (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3), {"bias": randn(5)}), ValueError, "bias: expected shape"),
+        (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3), {"stride": 0}), ValueError, "stride"),
+        (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3), {"stride": (1, 2, 3)}), TypeError, "stride"),
+        (lambda: (randn(5, 5), randn(4, 3, 3, 3), {}), ValueError, "input: expected a 3-D"),
+        (lambda: (randn(1, 3, 5, 5).double(), randn(4, 3, 3, 3).double(), {}), TypeError, "float32, float16"),
+        (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3).to("meta"), {}), ValueError, "weight: expected a tensor on"),
+    ],
+)
+def test_bad_input_names_the_argument(make, error, match):
+    x, w, options = make()
+    with pytest.raises(error, match=match):
+        conv2d(x, w, **options)
+
+
+def test_kernels_for_names_the_choice():
+    depthwise = kernels_for((2, 8, 6, 6), (8, 1, 3, 3), groups=8)
+    assert depthwise[0].startswith("conv2d_depthwise_forward") and depthwise[2].startswith("conv2d_depthwise_dw")
+    gemm = kernels_for((2, 8, 6, 6), (16, 8, 3, 3), padding=1, bias=True, dtype=torch.bfloat16)
+    assert [k.split("__")[0] for k in gemm] == ["conv2d_gemm_forward", "conv2d_gemm_dx", "conv2d_gemm_dw",
+                                               "conv2d_dw_reduce"]
+    assert all("__bf16__" in k for k in gemm)
+    assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm}
+
+
+def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
+    """`choose` on a fake timer: the fastest config wins, lands in the JSON file, and is reused."""
+    monkeypatch.setenv("NNKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NNKERNELS_TUNE", "full")
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "_memory", None)
+    monkeypatch.setattr(tuning, "_full_key", lambda kind, key: f"{kind}|{key}")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    candidates = [tuning.Config(64, 16, 16), tuning.Config(128, 16, 16), tuning.Config(32, 16, 16)]
+    monkeypatch.setattr(tuning, "_time_ms", lambda run, config: {64: 3.0, 128: 1.0, 32: 2.0}[config.block_m])
+    ran = []
+    assert tuning.choose("conv", (1, 2), candidates, ran.append) == candidates[1]
+    assert ran[-1] == candidates[1]  # the outputs are left as the chosen config writes them
+    stored = json.loads((tmp_path / "tuning.json").read_text())
+    assert stored["conv|(1, 2)"]["block_m"] == 128
+    monkeypatch.setattr(tuning, "_memory", None)  # a new process: read back from the file
+    ran.clear()
+    assert tuning.choose("conv", (1, 2), candidates, ran.append) == candidates[1] and not ran
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert tuning.choose("conv", (9,), candidates, ran.append) == candidates[0] and not ran
+
+
+def test_interpreter_demo_shapes_use_one_program_per_kernel():
+    """On the CPU the heuristic covers the CPU demo's layers with a single program per launch."""
+    for ids in (kernels_for((64, 1, 8, 8), (8, 1, 3, 3), padding=1), kernels_for((64, 8, 8, 8), (16, 8, 3, 3), padding=1)):
+        forward = ids[0].split("__")
+        if DEVICE == "cpu":
+            assert forward[-5] == "4096"  # BLOCK_M covers B*OH*OW = 4096 pixels
