@@ -44,12 +44,12 @@ def _block_hw(HW, tile):
     return widest
 
 
-def batch_norm_plan(B, C, HW, *, tile=None, programs=None, fused_limit=FUSED_LIMIT):
+def batch_norm_plan(B, C, HW, *, tile=None, programs=None, fused_limit=None):
     """Tile shape and split of one [B, C, HW] batch-norm problem (keywords override the defaults)."""
     tile = tile or (CPU_TILE if INTERPRETED else GPU_TILE)
     programs = programs or (1 if INTERPRETED else GPU_PROGRAMS)
     whole = triton.next_power_of_2(B) * triton.next_power_of_2(HW)
-    if whole <= max(fused_limit, CPU_TILE if INTERPRETED else 0):
+    if whole <= (fused_limit if fused_limit is not None else CPU_TILE if INTERPRETED else FUSED_LIMIT):
         # One channel per program on the GPU (C of them fill it); as many as fit one tile on the CPU.
         block_c = min(triton.next_power_of_2(C), CPU_TILE // whole) if INTERPRETED else 1
         return BatchNormPlan(block_c, triton.next_power_of_2(B), triton.next_power_of_2(HW), 1, 1, 1, True)
@@ -140,14 +140,19 @@ def batch_norm2d_partial_stats(
 ):
     """Per-chunk count, mean and sum of squared deviations (M2) of x, in fp32.
 
+    Means are taken of x - x[0, c, 0] (the channel's first element, the same for every chunk), so a
+    partial mean keeps its digits when |mean| >> std; batch_norm2d_train_normalize adds it back.
+
     Grid: [C, chunks]. Program (c, chunk) reads the tiles of its chunk (module docstring); for each
-    tile it takes the exact two-pass mean and M2 in registers and merges them into its running
+    tile it takes the corrected two-pass mean and M2 in registers (d = x - sum(x)/n_t;
+    mean_t = sum(x)/n_t + sum(d)/n_t; M2_t = sum(d^2) - sum(d)^2/n_t) and merges them into its running
     (count, mean, M2) by Chan's formula:
         delta = mean_t - mean; mean += delta * n_t / n; M2 += M2_t + delta^2 * n_old * n_t / n.
     Writes partial_*[c * chunks + chunk]; every partial is written.
     """
     c = tl.program_id(0)
     chunk = tl.program_id(1)
+    shift = tl.load(x + c.to(tl.int64) * HW).to(tl.float32)
     num_hw_tiles = tl.cdiv(HW, BLOCK_HW)
     first = chunk * TILES_PER_CHUNK
     last = tl.minimum(first + TILES_PER_CHUNK, tl.cdiv(B, BLOCK_B) * num_hw_tiles)
@@ -161,11 +166,13 @@ def batch_norm2d_partial_stats(
         hw = hw0 + tl.arange(0, BLOCK_HW)
         inside = (b < B)[:, None] & (hw < HW)[None, :]
         offsets = ((b.to(tl.int64) * C + c) * HW)[:, None] + hw[None, :]
-        xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+        xv = tl.where(inside, tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32) - shift, 0.0)
         tile_count = (tl.minimum(B - b0, BLOCK_B) * tl.minimum(HW - hw0, BLOCK_HW)).to(tl.float32)
-        tile_mean = tl.sum(tl.sum(xv, axis=1), axis=0) / tile_count
-        deviation = tl.where(inside, xv - tile_mean, 0.0)
-        tile_m2 = tl.sum(tl.sum(deviation * deviation, axis=1), axis=0)
+        rough_mean = tl.sum(tl.sum(xv, axis=1), axis=0) / tile_count
+        deviation = tl.where(inside, xv - rough_mean, 0.0)
+        residual = tl.sum(tl.sum(deviation, axis=1), axis=0)
+        tile_mean = rough_mean + residual / tile_count
+        tile_m2 = tl.sum(tl.sum(deviation * deviation, axis=1), axis=0) - residual * residual / tile_count
         merged = count + tile_count
         delta = tile_mean - mean
         mean += delta * (tile_count / merged)
@@ -185,9 +192,10 @@ def batch_norm2d_train_normalize(
 ):
     """Training forward, second pass: merge the statistics partials, then normalise.
 
-    Grid: [C, chunks]. Every program of channel c merges its NUM_PARTIALS partials in the same
-    order (parallel formula: n = sum n_i, mean = sum n_i*mean_i / n,
-    M2 = sum M2_i + sum n_i*(mean_i - mean)^2), so all agree bitwise; program (c, 0) writes
+    Grid: [C, chunks]. Every program of channel c merges its NUM_PARTIALS partials (of x - x[0, c, 0])
+    in the same order (parallel formula, corrected: n = sum n_i, m = sum n_i*mean_i / n, s_i = mean_i - m,
+    mean = m + sum n_i*s_i / n, M2 = sum M2_i + sum n_i*s_i^2 - (sum n_i*s_i)^2 / n), so all
+    agree bitwise; program (c, 0) writes
     mean[c], rstd[c] = 1/sqrt(M2/n + eps) and var_unbiased[c] = M2/(n - 1). Then it writes, on
     the tiles of its chunk, y = (x - mean) * (weight[c] * rstd) + bias[c]. Every y is written.
     """
@@ -199,9 +207,11 @@ def batch_norm2d_train_normalize(
     means = tl.load(partial_mean + c * NUM_PARTIALS + k, mask=in_partials, other=0.0)
     m2s = tl.load(partial_m2 + c * NUM_PARTIALS + k, mask=in_partials, other=0.0)
     count = tl.sum(counts, axis=0)
-    channel_mean = tl.sum(counts * means, axis=0) / count
-    spread = means - channel_mean
-    m2 = tl.sum(m2s, axis=0) + tl.sum(counts * spread * spread, axis=0)
+    rough_mean = tl.sum(counts * means, axis=0) / count
+    spread = means - rough_mean
+    residual = tl.sum(counts * spread, axis=0)
+    channel_mean = tl.load(x + c.to(tl.int64) * HW).to(tl.float32) + (rough_mean + residual / count)
+    m2 = tl.sum(m2s, axis=0) + tl.sum(counts * spread * spread, axis=0) - residual * residual / count
     channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(m2 / count + eps))
     if chunk == 0:
         tl.store(mean + c, channel_mean)
@@ -229,7 +239,8 @@ def batch_norm2d_train_forward_fused(
     """Training forward for channels that fit one tile (BLOCK_B >= B, BLOCK_HW >= HW): one pass.
 
     Grid: [cdiv(C, BLOCK_C)]. Program p loads x[:, c, :] of its BLOCK_C channels once, takes each
-    channel's exact two-pass mean and biased variance in fp32, writes mean[c],
+    channel's corrected two-pass mean and biased variance in fp32 (as in batch_norm2d_partial_stats),
+    writes mean[c],
     rstd[c] = 1/sqrt(var + eps), var_unbiased[c] = var * n/(n - 1) (n = B*HW), and
     y = (x - mean) * (weight[c] * rstd) + bias[c]. Every y is written.
     """
@@ -241,16 +252,18 @@ def batch_norm2d_train_forward_fused(
     offsets = ((b.to(tl.int64)[None, :] * C + c[:, None]) * HW)[:, :, None] + hw[None, None, :]
     xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
     count = (B * HW).to(tl.float32)
-    channel_mean = tl.sum(tl.sum(xv, axis=2), axis=1) / count
-    deviation = tl.where(inside, xv - channel_mean[:, None, None], 0.0)
-    m2 = tl.sum(tl.sum(deviation * deviation, axis=2), axis=1)
+    rough_mean = tl.sum(tl.sum(xv, axis=2), axis=1) / count
+    deviation = tl.where(inside, xv - rough_mean[:, None, None], 0.0)
+    residual = tl.sum(tl.sum(deviation, axis=2), axis=1)
+    channel_mean = rough_mean + residual / count
+    m2 = tl.sum(tl.sum(deviation * deviation, axis=2), axis=1) - residual * residual / count
     channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(m2 / count + eps))
     tl.store(mean + c, channel_mean, mask=c_in)
     tl.store(rstd + c, channel_rstd, mask=c_in)
     tl.store(var_unbiased + c, m2 / (count - 1.0), mask=c_in)
     scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
     shift = tl.load(bias + c, mask=c_in, other=0.0)
-    yv = deviation * scale[:, None, None] + shift[:, None, None]
+    yv = (deviation - (residual / count)[:, None, None]) * scale[:, None, None] + shift[:, None, None]
     tl.store(y + offsets, yv.to(y.dtype.element_ty), mask=inside)
 
 

@@ -1,0 +1,112 @@
+"""Batch-norm kernels (training and frozen statistics) against torch.nn.functional.batch_norm in
+float64: the fused one-tile kernels and the split ones (forced on tiny shapes by a small plan)."""
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nnkernels.functional.batch_norm as bn
+from nnkernels.ops.batch_norm2d_train import BatchNorm2dTrainNormalize, batch_norm_plan
+from support import DEVICE, DTYPES, assert_close, gpu, poisoned, randn
+
+# Relative tolerance of the fp32 per-channel results (dweight, dbias, statistics) from any input dtype.
+STATS_TOL = 2e-5
+
+
+@pytest.fixture(params=["fused", "split"])
+def plan(request, monkeypatch):
+    """The functional module's plan: its own (fused on tiny shapes) or one cutting channels into chunks."""
+    if request.param == "split":
+        monkeypatch.setattr(bn, "batch_norm_plan", functools.partial(batch_norm_plan, tile=16, programs=9,
+                                                                     fused_limit=0))
+    return request.param
+
+
+def _reference(x, weight, bias, dy, training, running_mean, running_var, eps=1e-5):
+    x64, w64, b64 = (t.detach().to(torch.float64).requires_grad_() for t in (x, weight, bias))
+    y64 = F.batch_norm(x64, running_mean.double(), running_var.double(), w64, b64, training, 0.1, eps)
+    y64.backward(dy.to(torch.float64))
+    return y64, x64.grad, w64.grad, b64.grad
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_forward_and_backward_match_pytorch(plan, dtype, training):
+    B, C, H, W = 3, 4, 5, 6
+    x = (randn(B, C, H, W) * 2 + 3).to(dtype)
+    weight, bias, dy = randn(C), randn(C), randn(B, C, H, W, dtype=dtype)
+    running_mean, running_var = randn(C), randn(C).abs() + 0.5
+    y64, dx64, dw64, db64 = _reference(x, weight, bias, dy, training, running_mean, running_var)
+    if training:
+        y, mean, rstd, var_unbiased = bn.batch_norm_train_op(x, weight, bias, 1e-5)
+        x64 = x.double()
+        assert_close(mean, x64.mean((0, 2, 3)), tol=STATS_TOL)
+        assert_close(rstd, (x64.var((0, 2, 3), unbiased=False) + 1e-5).rsqrt(), tol=STATS_TOL)
+        assert_close(var_unbiased, x64.var((0, 2, 3), unbiased=True), tol=STATS_TOL)
+        dx, dweight, dbias = bn.batch_norm_train_backward_op(dy, x, weight, mean, rstd)
+        step = "train"
+    else:
+        y = bn.batch_norm_eval_op(x, running_mean, running_var, weight, bias, 1e-5)
+        dx, dweight, dbias = bn.batch_norm_eval_backward_op(dy, x, running_mean, running_var, weight, 1e-5)
+        step = "eval"
+    assert_close(y, y64, dtype)
+    assert_close(dx, dx64, dtype)
+    assert_close(dweight, dw64, tol=STATS_TOL)
+    assert_close(dbias, db64, tol=STATS_TOL)
+    launched = " ".join(bn.last_kernels()[f"{step}_forward"] + bn.last_kernels()[f"{step}_backward"])
+    if step == "train":
+        assert ("fused" in launched) == (plan == "fused")
+    else:
+        assert ("sum_partials" in launched) == (plan == "split")
+
+
+def test_statistics_are_stable_far_from_zero(plan):
+    """Mean 1e4, std 1e-2 in fp32: a one-pass sum of squares would lose every digit of the variance."""
+    B, C, H, W = 4, 2, 6, 5
+    x = randn(B, C, H, W) * 1e-2 + 1e4
+    _, mean, rstd, var_unbiased = bn.batch_norm_train_op(x, None, None, 0.0)
+    x64 = x.double()
+    assert_close(var_unbiased, x64.var((0, 2, 3), unbiased=True), tol=1e-4)
+    assert_close(rstd, x64.var((0, 2, 3), unbiased=False).rsqrt(), tol=1e-4)
+
+
+def test_normalize_launch_checks_sizes_and_writes_nothing():
+    B, C, HW = 2, 3, 8
+    x = randn(B, C, HW)
+    y = poisoned(B, C, HW)
+    stats = [randn(C).abs() for _ in range(3)]
+    partials = [randn(C * 2).abs() for _ in range(3)]
+    kernel = BatchNorm2dTrainNormalize(1, 8, 2)
+    with pytest.raises(ValueError, match="TILES_PER_CHUNK|NUM_PARTIALS"):
+        kernel.launch(x, y, randn(C), randn(C), *partials, *stats, B, C, HW, 4, 1, 1e-5)
+    with pytest.raises(ValueError, match="weight"):
+        kernel.launch(x, y, randn(C + 1), randn(C), *partials, *stats, B, C, HW, 2, 1, 1e-5)
+    with pytest.raises(TypeError, match="partial_count"):
+        kernel.launch(x, y, randn(C), randn(C), partials[0].double(), *partials[1:], *stats, B, C, HW, 2, 1, 1e-5)
+    assert torch.isnan(y).all()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_kernels_on_gpu_are_deterministic_and_correct(dtype):
+    """B16 C8 56x56 takes the split kernels with many chunks: bitwise equal twice, and right."""
+    B, C, H, W = 16, 8, 56, 56
+    assert not batch_norm_plan(B, C, H * W).fused
+    x = torch.randn(B, C, H, W, device=DEVICE).to(dtype) + 2
+    dy = torch.randn(B, C, H, W, device=DEVICE).to(dtype)
+    weight, bias = torch.randn(C, device=DEVICE), torch.randn(C, device=DEVICE)
+    runs = []
+    for _ in range(2):
+        y, mean, rstd, var_unbiased = bn.batch_norm_train_op(x, weight, bias, 1e-5)
+        runs.append((y, mean, rstd, var_unbiased, *bn.batch_norm_train_backward_op(dy, x, weight, mean, rstd),
+                     *bn.batch_norm_eval_backward_op(dy, x, mean, rstd, weight, 1e-5)))
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
+    zeros, ones = torch.zeros(C, device=DEVICE), torch.ones(C, device=DEVICE)
+    y64, dx64, dw64, db64 = _reference(x, weight, bias, dy, True, zeros, ones)
+    y, _, _, _, dx, dweight, dbias = runs[0][:7]
+    assert_close(y, y64, dtype)
+    assert_close(dx, dx64, dtype)
+    assert_close(dweight, dw64, tol=STATS_TOL)
+    assert_close(dbias, db64, tol=STATS_TOL)
