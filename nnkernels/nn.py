@@ -1,0 +1,254 @@
+"""Drop-in `torch.nn` layers whose forward and backward run nnkernels' functional ops.
+
+Each class subclasses its `torch.nn` namesake and overrides only `forward`, so the
+constructor arguments, parameters, buffers, `state_dict` keys, `train()`/`eval()` and
+`extra_repr` are torch's own: a checkpoint saved from one loads into the other as is.
+Options the functional ops cannot honour raise `NotImplementedError` in the constructor.
+Bad input raises the exception class the torch layer raises (RuntimeError for the wrong
+rank, dtype or device of a convolution's input; ValueError for batch norm's rank), with a
+message that says what was expected.
+
+`convert(model)` swaps a model's supported `torch.nn` layers for these in place.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from .functional.avg_pool2d import avg_pool2d
+from .functional.batch_norm import batch_norm
+from .functional.conv2d import conv2d
+from .kernel import INTERPRETED
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DTYPE_LIST = "torch.float32, torch.float16 or torch.bfloat16"
+
+
+def _check_input(layer: str, x, ranks: tuple):
+    """The checks every layer shares: a tensor of a supported rank and dtype, on a device we run on."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{layer}: input: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dim() not in ranks:
+        shapes = " or ".join(f"{r}-D ({'C, H, W' if r == 3 else 'N, C, H, W'})" for r in ranks)
+        raise RuntimeError(f"{layer}: input: expected a {shapes} tensor, got shape {list(x.shape)}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise NotImplementedError(f"{layer}: input: dtype {x.dtype} is not supported; expected {_DTYPE_LIST}")
+    if x.device.type == "cpu" and not INTERPRETED:
+        raise RuntimeError(
+            f"{layer}: input: expected a CUDA tensor (this process runs Triton compiled; CPU tensors "
+            "need TRITON_INTERPRET=1 set before nnkernels is imported), got a tensor on cpu"
+        )
+    if x.device.type not in ("cpu", "cuda", "meta"):
+        raise RuntimeError(f"{layer}: input: expected a tensor on cuda or cpu, got one on {x.device}")
+
+
+def _check_like(layer: str, x, name: str, tensor, same_dtype: bool):
+    """`tensor` (a parameter or buffer) must sit on x's device and, if `same_dtype`, share its dtype."""
+    if tensor is None:
+        return
+    if tensor.device != x.device:
+        raise RuntimeError(f"{layer}: input: expected a tensor on {tensor.device} like {name}, got one on {x.device}")
+    if same_dtype and tensor.dtype != x.dtype:
+        raise RuntimeError(f"{layer}: input: expected dtype {tensor.dtype} like {name}, got {x.dtype}")
+
+
+def _autocasting(x) -> bool:
+    return x.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(x.device.type)
+
+
+def _same_padding(kernel_size, dilation) -> tuple:
+    """padding='same' as a symmetric padding, when one exists (odd dilation*(k-1) needs asymmetric)."""
+    padding = []
+    for k, d in zip(kernel_size, dilation):
+        total = d * (k - 1)
+        if total % 2:
+            raise NotImplementedError(
+                f"padding='same' with kernel_size={tuple(kernel_size)} and dilation={tuple(dilation)} needs "
+                "asymmetric padding, which nnkernels.nn.Conv2d does not support; pad explicitly"
+            )
+        padding.append(total // 2)
+    return tuple(padding)
+
+
+class Conv2d(torch.nn.Conv2d):
+    """`torch.nn.Conv2d` running `nnkernels.functional.conv2d` (only padding_mode='zeros')."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _conv2d_options(self)
+
+    def forward(self, input):
+        layer = type(self).__name__
+        _check_input(layer, input, (3, 4))
+        _check_like(layer, input, "weight", self.weight, same_dtype=not _autocasting(input))
+        _check_like(layer, input, "bias", self.bias, same_dtype=not _autocasting(input))
+        channels = input.shape[-3]
+        if channels != self.in_channels:
+            raise RuntimeError(
+                f"{layer}: input: expected {self.in_channels} channels (dim -3) for weight of shape "
+                f"{list(self.weight.shape)} and groups={self.groups}, got {channels} (shape {list(input.shape)})"
+            )
+        batched = input if input.dim() == 4 else input.unsqueeze(0)
+        padding = _conv2d_options(self)
+        y = conv2d(batched, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
+        return y if input.dim() == 4 else y.squeeze(0)
+
+
+def _conv2d_options(conv: torch.nn.Conv2d) -> tuple:
+    """The numeric padding nnkernels runs `conv` with; NotImplementedError for options it cannot run."""
+    if conv.padding_mode != "zeros":
+        raise NotImplementedError(
+            f"padding_mode={conv.padding_mode!r} is not supported by nnkernels.nn.Conv2d; only 'zeros' is"
+        )
+    if conv.padding == "same":
+        return _same_padding(conv.kernel_size, conv.dilation)
+    if conv.padding == "valid":
+        return (0, 0)
+    return tuple(conv.padding)
+
+
+class AvgPool2d(torch.nn.AvgPool2d):
+    """`torch.nn.AvgPool2d` running `nnkernels.functional.avg_pool2d`; pools in the input's dtype."""
+
+    def forward(self, input):
+        _check_input(type(self).__name__, input, (3, 4))
+        batched = input if input.dim() == 4 else input.unsqueeze(0)
+        y = avg_pool2d(batched, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                       self.count_include_pad, self.divisor_override)
+        return y if input.dim() == 4 else y.squeeze(0)
+
+
+class BatchNorm2d(torch.nn.BatchNorm2d):
+    """`torch.nn.BatchNorm2d` running `nnkernels.functional.batch_norm`.
+
+    Same semantics as torch's: batch statistics in training (running statistics updated in
+    place, cumulative average when momentum is None), running statistics in eval; fp16/bf16
+    input with fp32 parameters and statistics gives output in the input's dtype.
+    """
+
+    def forward(self, input):
+        layer = type(self).__name__
+        if isinstance(input, torch.Tensor) and input.dim() != 4:  # torch.nn.BatchNorm2d's error and words
+            raise ValueError(f"{layer}: expected 4D input (got {input.dim()}D input)")
+        _check_input(layer, input, (4,))
+        for name in ("weight", "bias", "running_mean", "running_var"):
+            tensor = getattr(self, name)
+            _check_like(layer, input, name, tensor, same_dtype=False)
+            if name.startswith("running") and tensor is not None and tensor.dtype != torch.float32:
+                raise NotImplementedError(f"{layer}: {name} has dtype {tensor.dtype}; nnkernels keeps batch-norm "
+                                          "statistics in torch.float32 (keep the layer in float32, as autocast does)")
+            if tensor is not None and tensor.numel() != input.shape[1]:
+                raise RuntimeError(
+                    f"{layer}: input: expected {tensor.numel()} channels (dim 1) like {name}, "
+                    f"got {input.shape[1]} (shape {list(input.shape)})"
+                )
+        # The bookkeeping below is torch.nn.BatchNorm2d's, line for line, so both agree on every step.
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                momentum = 1.0 / float(self.num_batches_tracked)
+        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        track = not self.training or self.track_running_stats
+        return batch_norm(
+            input,
+            self.running_mean if track else None,
+            self.running_var if track else None,
+            self.weight,
+            self.bias,
+            training=use_batch_stats,
+            momentum=momentum,
+            eps=self.eps,
+        )
+
+
+@dataclass
+class ConversionSummary:
+    """What `convert` did: layers swapped per kind, and each layer left alone with the reason."""
+
+    swapped: "OrderedDict[str, int]" = field(
+        default_factory=lambda: OrderedDict((k, 0) for k in ("Conv2d", "AvgPool2d", "BatchNorm2d"))
+    )
+    left: list = field(default_factory=list)  # (qualified name, kind, reason)
+
+    def __str__(self):
+        counts = ", ".join(f"{n} {kind}" for kind, n in self.swapped.items())
+        lines = [f"nnkernels.convert: swapped {counts}; left {len(self.left)}"]
+        lines += [f"  left {name} ({kind}): {reason}" for name, kind, reason in self.left]
+        return "\n".join(lines)
+
+
+_REPLACEMENTS = {torch.nn.Conv2d: Conv2d, torch.nn.AvgPool2d: AvgPool2d, torch.nn.BatchNorm2d: BatchNorm2d}
+
+
+def _unsupported(module) -> str | None:
+    """Why nnkernels cannot run `module` (a torch layer of a convertible kind), or None if it can."""
+    if type(module) not in _REPLACEMENTS:
+        return f"{type(module).__module__}.{type(module).__qualname__} subclasses a torch layer and may change its forward"
+    if isinstance(module, torch.nn.Conv2d):
+        try:
+            _conv2d_options(module)
+        except NotImplementedError as err:
+            return str(err)
+    for name, tensor in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+        if name.startswith("running") and tensor.dtype != torch.float32:
+            return f"{name} has dtype {tensor.dtype}; nnkernels keeps batch-norm statistics in torch.float32"
+        if name != "num_batches_tracked" and tensor.dtype not in SUPPORTED_DTYPES:
+            return f"{name} has dtype {tensor.dtype}; nnkernels runs {_DTYPE_LIST}"
+    return None
+
+
+def _swap(module):
+    """The nnkernels layer sharing every Parameter, buffer, hook and attribute of torch layer `module`."""
+    swapped = _REPLACEMENTS[type(module)].__new__(_REPLACEMENTS[type(module)])
+    swapped.__dict__.update(module.__dict__)
+    # Fresh containers, so that later assignments to one layer leave the other alone.
+    swapped._parameters = dict(module._parameters)
+    swapped._buffers = dict(module._buffers)
+    swapped._modules = dict(module._modules)
+    swapped._non_persistent_buffers_set = set(module._non_persistent_buffers_set)
+    return swapped
+
+
+def convert(model: torch.nn.Module, verbose: bool = False) -> torch.nn.Module:
+    """Replace, in place, every `torch.nn.Conv2d`, `AvgPool2d` and `BatchNorm2d` of `model` that
+    nnkernels supports with the nnkernels layer holding the same Parameters and buffers.
+
+    Returns `model` (also when `model` itself is such a layer, then its replacement), with the
+    `ConversionSummary` attached as `model.nnkernels_summary`; `verbose` prints it.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    summary = ConversionSummary()
+    kinds = tuple(_REPLACEMENTS)
+    ours = tuple(_REPLACEMENTS.values())
+    replaced = {}  # id(layer) -> its replacement, so a layer shared by two parents stays shared
+
+    def visit(module, name):
+        if isinstance(module, ours):
+            return module
+        if id(module) in replaced:
+            return replaced[id(module)]
+        if isinstance(module, kinds):
+            kind = next(k.__name__ for k in kinds if isinstance(module, k))
+            reason = _unsupported(module)
+            if reason is None:
+                summary.swapped[kind] += 1
+                replaced[id(module)] = _swap(module)
+                return replaced[id(module)]
+            summary.left.append((name or "<model>", kind, reason))
+            return module
+        for child_name, child in list(module._modules.items()):
+            if child is not None:
+                replacement = visit(child, f"{name}.{child_name}" if name else child_name)
+                if replacement is not child:
+                    module._modules[child_name] = replacement
+        return module
+
+    model = visit(model, "")
+    model.__dict__["nnkernels_summary"] = summary
+    if verbose:
+        print(summary)
+    return model
