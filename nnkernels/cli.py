@@ -32,16 +32,18 @@ def cli(debug):
 
 
 @cli.command()
-@click.option("--epochs", type=click.IntRange(min=1), default=None, show_default="6",
+@click.option("--epochs", type=click.IntRange(min=1), default=None, show_default="4",
               help="Passes over the training set.")
-@click.option("--batch-size", type=click.IntRange(min=2), default=None, show_default="64",
+@click.option("--batch-size", type=click.IntRange(min=2), default=None, show_default="128",
               help="Images per training step.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: the GPU when there is one, else the CPU through Triton's interpreter.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the initial weights and batch order.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("demo-out"),
               show_default=True, help="Folder for loss_curves.png and summary.json.")
-def demo(epochs, batch_size, device, seed, out):
+@click.option("--limit", type=click.IntRange(min=2), default=None,
+              help="Train on the first LIMIT training images only (a quick check; accuracy suffers).")
+def demo(epochs, batch_size, device, seed, out, limit):
     """Train a small CNN on scikit-learn's digits with nnkernels beside its torch.nn twin.
 
     Both start from the same weights and see the same batches; every convolution, batch
@@ -52,7 +54,7 @@ def demo(epochs, batch_size, device, seed, out):
     from . import demo as demo_module
 
     demo_module.check_device(device)
-    demo_module.run(epochs=epochs, batch_size=batch_size, device=device, seed=seed, out=out)
+    demo_module.run(epochs=epochs, batch_size=batch_size, device=device, seed=seed, out=out, limit=limit)
 
 
 def _resolve_kernels(names):
