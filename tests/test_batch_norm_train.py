@@ -14,12 +14,16 @@ from support import DEVICE, DTYPES, assert_close, gpu, poisoned, randn
 STATS_TOL = 2e-5
 
 
-@pytest.fixture(params=["fused", "split"])
-def plan(request, monkeypatch):
+def _use_plan(kind, monkeypatch):
     """The functional module's plan: its own (fused on tiny shapes) or one cutting channels into chunks."""
-    if request.param == "split":
+    if kind == "split":
         monkeypatch.setattr(bn, "batch_norm_plan", functools.partial(batch_norm_plan, tile=16, programs=9,
                                                                      fused_limit=0))
+
+
+@pytest.fixture(params=["fused", "split"])
+def plan(request, monkeypatch):
+    _use_plan(request.param, monkeypatch)
     return request.param
 
 
@@ -30,9 +34,14 @@ def _reference(x, weight, bias, dy, training, running_mean, running_var, eps=1e-
     return y64, x64.grad, w64.grad, b64.grad
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+# Both plans in fp32 and bf16; fp16 (same code path as bf16) on the fused plan.
+PLANS_AND_DTYPES = [("fused", d) for d in DTYPES] + [("split", torch.float32), ("split", torch.bfloat16)]
+
+
+@pytest.mark.parametrize("plan, dtype", PLANS_AND_DTYPES, ids=lambda v: str(v).replace("torch.", ""))
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
-def test_forward_and_backward_match_pytorch(plan, dtype, training):
+def test_forward_and_backward_match_pytorch(plan, dtype, training, monkeypatch):
+    _use_plan(plan, monkeypatch)
     B, C, H, W = 3, 4, 5, 6
     x = (randn(B, C, H, W) * 2 + 3).to(dtype)
     weight, bias, dy = randn(C), randn(C), randn(B, C, H, W, dtype=dtype)

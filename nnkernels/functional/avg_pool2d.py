@@ -12,6 +12,8 @@ from types import SimpleNamespace
 
 import torch
 
+from .. import _mode  # noqa: F401  (first: settles Triton's mode before the kernel modules import triton)
+
 from ..ops.avg_pool2d_gather import (
     AvgPool2dGatherBackward,
     AvgPool2dGatherForward,

@@ -17,6 +17,8 @@ import logging
 from typing import Optional
 
 import torch
+
+from .. import _mode  # noqa: F401  (first: settles Triton's mode before the kernel modules import triton)
 import triton
 
 from ..ops.batch_norm2d_eval import BatchNorm2dEvalBackward, BatchNorm2dEvalForward, BatchNorm2dSumPartials
