@@ -1,0 +1,216 @@
+"""Property-based tests: hypothesis draws shapes and options, each functional op must match
+PyTorch in float64 (forward, backward and, for batch norm, the running statistics).
+
+The drawn space covers 1x1 images, batch 1, channel counts that are multiples of nothing,
+kernels as large as the padded input, strides, paddings, dilations, groups (depthwise
+included), ceil_mode, count_include_pad, divisor_override, 3-D (unbatched) and 2-D input, and
+fp32/fp16/bf16. Data is fresh random normal (never zeros), seeded by hypothesis so a failure
+replays. Reference: the op's own inputs (already rounded to the dtype) in float64 through
+torch.nn.functional; tolerance: support.TOLERANCE on ||out - ref|| / ||ref||.
+
+Profiles, chosen by NNKERNELS_HYPOTHESIS_PROFILE:
+- "ci" (default): few examples of small shapes, for the interpreter in CI (under 60 CPU-seconds
+  for this file on 2 cores);
+- "gpu": many examples of larger shapes, for a run on the GPU
+  (`NNKERNELS_HYPOTHESIS_PROFILE=gpu NNKERNELS_TUNE=off pytest tests/test_properties.py`;
+  NNKERNELS_TUNE=off spares the 2 s of block-size tuning per new shape, the kernels are the same).
+fp32 convolutions on the GPU follow torch.backends.cudnn.allow_tf32 (on by default) and are held
+to 2e-3, TF32's rounding; everything else to support.TOLERANCE.
+"""
+import os
+
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support import DEVICE, INTERPRETED, TOLERANCE, assert_close
+
+from nnkernels.functional.avg_pool2d import avg_pool2d
+from nnkernels.functional.batch_norm import batch_norm
+from nnkernels.functional.conv2d import conv2d
+
+COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+              print_blob=True)
+settings.register_profile("ci", max_examples=12, **COMMON)
+settings.register_profile("gpu", max_examples=150, **COMMON)
+PROFILE = os.environ.get("NNKERNELS_HYPOTHESIS_PROFILE", "ci")
+if PROFILE not in ("ci", "gpu"):
+    raise ValueError(f"NNKERNELS_HYPOTHESIS_PROFILE: expected 'ci' or 'gpu', got {PROFILE!r}")
+LARGE = PROFILE == "gpu"
+# Per-op example counts relative to the profile's (convolution is the slowest to interpret).
+EXAMPLES = {"conv2d": 1.0, "avg_pool2d": 1.5, "batch_norm": 1.5}
+# Largest drawn sizes: the interpreter pays per launch and per program, the GPU per compilation.
+MAX_BATCH, MAX_CHANNELS, MAX_EXTRA = (4, 40, 24) if LARGE else (3, 5, 4)
+
+DTYPES = st.sampled_from([torch.float32, torch.float16, torch.bfloat16])
+TF32_TOLERANCE = 2e-3
+
+
+def examples(op):
+    return settings(settings.get_profile(PROFILE), max_examples=int(settings.get_profile(PROFILE).max_examples
+                                                                     * EXAMPLES[op]))
+
+
+def random_tensor(generator, shape, dtype):
+    return torch.randn(shape, generator=generator).to(device=DEVICE, dtype=dtype)
+
+
+def conv_tolerance(dtype):
+    tf32 = dtype == torch.float32 and not INTERPRETED and torch.backends.cudnn.allow_tf32
+    return TF32_TOLERANCE if tf32 else TOLERANCE[dtype]
+
+
+def assert_near(out, ref, tol, floor=0.0):
+    """support.assert_close, with the error measured against max(||ref||, floor): a gradient that
+    cancels to almost nothing (batch norm's dx over two values) is judged on the scale of its terms."""
+    out64, ref64 = out.detach().cpu().double(), ref.detach().cpu().double()
+    assert out64.shape == ref64.shape, f"shape {tuple(out64.shape)} != {tuple(ref64.shape)}"
+    assert not out64.isnan().any(), f"{int(out64.isnan().sum())} elements unwritten or NaN"
+    err = (out64 - ref64).norm().item() / (max(ref64.norm().item(), floor) or 1.0)
+    assert err <= tol, f"relative error {err:.3e} > {tol:.1e}"
+
+
+def check_grads(inputs, outputs_fn, ref_fn, dtype, tol, generator, grad_floor=None):
+    """Forward and backward of `outputs_fn(*inputs)` against `ref_fn(*float64 copies)` (same dy).
+
+    `grad_floor(dy64, refs)`, if given, is the scale input 0's gradient is judged on (see assert_near)."""
+    leaves = [t.detach().requires_grad_() if t is not None else None for t in inputs]
+    refs = [t.detach().cpu().double().requires_grad_() if t is not None else None for t in inputs]
+    y = outputs_fn(*leaves)
+    ref = ref_fn(*refs)
+    assert y.dtype == dtype
+    assert_close(y, ref, tol=tol)
+    dy = random_tensor(generator, tuple(y.shape), dtype)
+    y.backward(dy)
+    ref.backward(dy.cpu().double())
+    for index, (got, want) in enumerate(zip(leaves, refs)):
+        if got is not None:
+            assert got.grad is not None, f"input {index}: no gradient"
+            floor = grad_floor(dy.cpu().double(), refs) if grad_floor and index == 0 else 0.0
+            assert_near(got.grad, want.grad, tol, floor)
+
+
+@st.composite
+def conv_problems(draw):
+    depthwise = draw(st.booleans())
+    groups = draw(st.integers(1, 3))
+    cin_per_group = 1 if depthwise else draw(st.integers(1, MAX_CHANNELS))
+    cout_per_group = 1 if depthwise else draw(st.integers(1, MAX_CHANNELS))
+    if depthwise:
+        groups = draw(st.integers(1, MAX_CHANNELS))
+    kernel = [draw(st.integers(1, 5)) for _ in range(2)]
+    stride = [draw(st.integers(1, 3)) for _ in range(2)]
+    dilation = [draw(st.integers(1, 2)) for _ in range(2)]
+    padding = [draw(st.integers(0, 2)) for _ in range(2)]
+    # The input is at least the dilated kernel less the padding; extra 0 puts the kernel over the whole padded input.
+    size = [max(1, d * (k - 1) + 1 - 2 * p + draw(st.integers(0, MAX_EXTRA)))
+            for k, p, d in zip(kernel, padding, dilation)]
+    return dict(
+        batch=draw(st.integers(1, MAX_BATCH)), c_in=cin_per_group * groups, c_out=cout_per_group * groups,
+        size=size, kernel=kernel, stride=stride, padding=padding, dilation=dilation, groups=groups,
+        bias=draw(st.booleans()), unbatched=draw(st.integers(0, 5)) == 0, dtype=draw(DTYPES),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@examples("conv2d")
+@given(conv_problems())
+def test_conv2d_matches_pytorch(p):
+    generator = torch.Generator().manual_seed(p["seed"])
+    dtype = p["dtype"]
+    batch = () if p["unbatched"] else (p["batch"],)
+    x = random_tensor(generator, batch + (p["c_in"], *p["size"]), dtype)
+    w = random_tensor(generator, (p["c_out"], p["c_in"] // p["groups"], *p["kernel"]), dtype)
+    b = random_tensor(generator, (p["c_out"],), dtype) if p["bias"] else None
+    options = dict(stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p["groups"])
+    check_grads(
+        (x, w, b),
+        lambda x, w, b: conv2d(x, w, b, **options),
+        lambda x, w, b: F.conv2d(x, w, b, **options),
+        dtype, conv_tolerance(dtype), generator,
+    )
+
+
+@st.composite
+def pool_problems(draw):
+    kernel = [draw(st.integers(1, 5)) for _ in range(2)]
+    stride = None if draw(st.booleans()) else [draw(st.integers(1, 4)) for _ in range(2)]
+    padding = [draw(st.integers(0, k // 2)) for k in kernel]
+    size = [max(1, k - 2 * p + draw(st.integers(0, MAX_EXTRA))) for k, p in zip(kernel, padding)]
+    return dict(
+        batch=draw(st.integers(1, MAX_BATCH)), channels=draw(st.integers(1, MAX_CHANNELS)), size=size,
+        kernel=kernel, stride=stride, padding=padding, ceil_mode=draw(st.booleans()),
+        count_include_pad=draw(st.booleans()), divisor=draw(st.one_of(st.none(), st.integers(1, 30))),
+        unbatched=draw(st.integers(0, 5)) == 0, dtype=draw(DTYPES), seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@examples("avg_pool2d")
+@given(pool_problems())
+def test_avg_pool2d_matches_pytorch(p):
+    generator = torch.Generator().manual_seed(p["seed"])
+    batch = () if p["unbatched"] else (p["batch"],)
+    x = random_tensor(generator, batch + (p["channels"], *p["size"]), p["dtype"])
+    options = (p["kernel"], p["stride"], p["padding"], p["ceil_mode"], p["count_include_pad"], p["divisor"])
+    check_grads(
+        (x,),
+        lambda x: avg_pool2d(x, *options),
+        lambda x: F.avg_pool2d(x, *options),
+        p["dtype"], TOLERANCE[p["dtype"]], generator,
+    )
+
+
+@st.composite
+def batch_norm_problems(draw):
+    dtype = draw(DTYPES)
+    training = draw(st.booleans())
+    batch = draw(st.integers(1, MAX_BATCH))
+    spatial = draw(st.sampled_from([(), (1, 1), None]))
+    if spatial is None:
+        spatial = tuple(draw(st.integers(1, 3 + MAX_EXTRA)) for _ in range(2))
+    if training and batch * max(1, int(torch.tensor(spatial).prod())) == 1:
+        batch = 2  # PyTorch refuses one value per channel in training; tested in test_bad_inputs.py
+    return dict(
+        shape=(batch, draw(st.integers(1, MAX_CHANNELS))) + spatial, training=training,
+        track=draw(st.booleans()) if training else True, affine=draw(st.booleans()),
+        param_dtype=draw(st.sampled_from([dtype, torch.float32])), dtype=dtype,
+        momentum=draw(st.floats(0.0, 1.0)), eps=draw(st.sampled_from([1e-5, 1e-3, 0.1])),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@examples("batch_norm")
+@given(batch_norm_problems())
+def test_batch_norm_matches_pytorch(p):
+    generator = torch.Generator().manual_seed(p["seed"])
+    dtype, C = p["dtype"], p["shape"][1]
+    # A per-channel offset and scale, so mean and variance are not 0 and 1 already.
+    x = (random_tensor(generator, p["shape"], torch.float32) * 3 + 2).to(dtype)
+    weight = random_tensor(generator, (C,), p["param_dtype"]) if p["affine"] else None
+    bias = random_tensor(generator, (C,), p["param_dtype"]) if p["affine"] else None
+    running_mean = random_tensor(generator, (C,), torch.float32) if p["track"] else None
+    running_var = random_tensor(generator, (C,), torch.float32).abs() + 0.5 if p["track"] else None
+    ref_mean = None if running_mean is None else running_mean.cpu().double()
+    ref_var = None if running_var is None else running_var.cpu().double()
+    options = dict(training=p["training"], momentum=p["momentum"], eps=p["eps"])
+
+    def dx_scale(dy, refs):
+        """||weight * rstd * dy||: the size of dx's terms, which cancel to ~0 over a batch of two values."""
+        x64, w64 = refs[0].detach(), refs[1]
+        dims = [d for d in range(x64.dim()) if d != 1]
+        var = x64.var(dim=dims, unbiased=False) if p["training"] else ref_var
+        shape = [1, C] + [1] * (x64.dim() - 2)
+        scale = (var + p["eps"]).rsqrt() * (w64.detach().abs() if w64 is not None else 1.0)
+        return (dy * scale.view(shape)).norm().item()
+
+    check_grads(
+        (x, weight, bias),
+        lambda x, w, b: batch_norm(x, running_mean, running_var, w, b, **options),
+        lambda x, w, b: F.batch_norm(x, ref_mean, ref_var, w, b, **options),
+        dtype, TOLERANCE[dtype], generator, grad_floor=dx_scale,
+    )
+    if p["track"]:
+        # fp32 statistics of a 16-bit input: the mean is exact to fp32, the variance to the dtype's rounding.
+        assert_close(running_mean, ref_mean, tol=TOLERANCE[torch.float32] * 10)
+        assert_close(running_var, ref_var, tol=TOLERANCE[torch.float32] * 10)
+
