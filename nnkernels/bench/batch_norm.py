@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from . import harness
-from ..functional import batch_norm as bn
 from ..ops.batch_norm2d import BatchNorm2dNchwBackward, BatchNorm2dNchwForwardInference
 from ..ops.batch_norm2d_train import batch_norm_plan
+
+# The module (the package re-exports the function under the same name).
+bn = importlib.import_module("nnkernels.functional.batch_norm")
 
 COPY_TBPS = 4.27
 BYTES_FORMULA = ("bytes: eval fwd 2Ne, eval bwd 3Ne, train fwd 3Ne, train bwd 5Ne (2Ne/3Ne when a channel fits "
