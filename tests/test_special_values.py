@@ -1,0 +1,256 @@
+"""Special values and layouts: NaN and Inf propagate as PyTorch propagates them, batch 0 gives
+empty results like PyTorch, and non-contiguous or channels_last tensors give PyTorch's values
+(each op makes such inputs contiguous before launching: never reads them as if contiguous).
+
+Every check runs forward and backward against PyTorch in float64 on the same inputs. For special
+values the NaN, +Inf and -Inf positions must be exactly PyTorch's (one exception, Inf in a parameter,
+is explained where it is made), and the finite elements within tolerance.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from support import DEVICE, DTYPES, INTERPRETED, TOLERANCE, assert_close, dtype_id, randn
+
+import nnkernels.nn as nkn
+from nnkernels.functional.avg_pool2d import avg_pool2d
+from nnkernels.functional.batch_norm import batch_norm
+from nnkernels.functional.conv2d import conv2d
+
+INF, NAN = float("inf"), float("nan")
+# fp32 convolutions on the GPU run in TF32 like cuDNN's (torch.backends.cudnn.allow_tf32).
+CONV_FP32_TOLERANCE = TOLERANCE[torch.float32] if INTERPRETED else 2e-3
+
+
+def tolerance(dtype, op):
+    return CONV_FP32_TOLERANCE if op.startswith("conv2d") and dtype == torch.float32 else TOLERANCE[dtype]
+
+
+def running_stats(C):
+    return randn(C) * 0.1, randn(C).abs() + 0.5
+
+
+# Each op as (ours, reference): f(x, params, stats) with params the differentiable extra inputs.
+def conv_call(module):
+    def call(x, params, stats):
+        return module.conv2d(x, *params, stride=(2, 1), padding=1, dilation=(1, 2))
+    return call
+
+
+def depthwise_call(module):
+    def call(x, params, stats):
+        return module.conv2d(x, *params, padding=1, groups=x.shape[1])
+    return call
+
+
+def pool_call(module):
+    def call(x, params, stats):
+        return module.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False)
+    return call
+
+
+def bn_call(module, training):
+    def call(x, params, stats):
+        return module.batch_norm(x, *stats, *params, training=training, momentum=0.1, eps=1e-5)
+    return call
+
+
+class Ours:
+    conv2d, avg_pool2d, batch_norm = staticmethod(conv2d), staticmethod(avg_pool2d), staticmethod(batch_norm)
+
+
+OPS = {
+    "conv2d": (conv_call(Ours), conv_call(F), lambda C: [randn(4, C, 3, 3), randn(4)]),
+    "conv2d-depthwise": (depthwise_call(Ours), depthwise_call(F), lambda C: [randn(C, 1, 3, 3), randn(C)]),
+    "avg_pool2d": (pool_call(Ours), pool_call(F), lambda C: []),
+    "batch_norm-train": (bn_call(Ours, True), bn_call(F, True), lambda C: [randn(C), randn(C)]),
+    "batch_norm-eval": (bn_call(Ours, False), bn_call(F, False), lambda C: [randn(C), randn(C)]),
+}
+
+
+def run_both(op, x, params, dy_fn, dtype):
+    """(ours, reference) lists: [y, grad of x, grads of params]; reference in float64 on the CPU."""
+    ours_fn, ref_fn, _ = OPS[op]
+    C = x.shape[1]
+    stats = running_stats(C)
+    leaves = [t.to(dtype).detach().requires_grad_() for t in [x] + params]
+    refs = [t.detach().cpu().double().requires_grad_() for t in leaves]
+    ref_stats = [s.detach().cpu().double() for s in stats]
+    y = ours_fn(leaves[0], leaves[1:], [s.clone() for s in stats])
+    ref = ref_fn(refs[0], refs[1:], ref_stats)
+    dy = dy_fn(tuple(y.shape)).to(dtype)
+    y.backward(dy)
+    ref.backward(dy.detach().cpu().double())
+    return [y] + [t.grad for t in leaves], [ref] + [t.grad for t in refs]
+
+
+def assert_same_specials(out, ref, tol, what, exact_kind=True):
+    """The same NaN, +Inf and -Inf positions as PyTorch (only the same non-finite positions when not
+    `exact_kind`), and the finite elements within `tol`."""
+    out64, ref64 = out.detach().cpu().double(), ref.detach().cpu().double()
+    assert out64.shape == ref64.shape, f"{what}: shape {tuple(out64.shape)} != {tuple(ref64.shape)}"
+    kinds = [("NaN", torch.isnan), ("+Inf", lambda t: t == INF), ("-Inf", lambda t: t == -INF)]
+    for name, mask in kinds if exact_kind else [("non-finite", lambda t: ~torch.isfinite(t))]:
+        got, want = mask(out64), mask(ref64)
+        assert torch.equal(got, want), (
+            f"{what}: {name} at {int(got.sum())} positions, PyTorch at {int(want.sum())}; "
+            f"first difference at {tuple(torch.nonzero(got != want)[0].tolist())}"
+        )
+    finite = torch.isfinite(ref64)
+    if finite.any():
+        assert_close(out64[finite], ref64[finite], tol=tol)
+
+
+SPECIALS = {  # id: (where, value)
+    "nan-in-x": ("x", NAN),
+    "inf-in-x": ("x", INF),
+    "-inf-in-x": ("x", -INF),
+    "inf-and--inf-in-x": ("x", "mixed"),
+    "nan-in-dy": ("dy", NAN),
+    "inf-in-dy": ("dy", INF),
+    "nan-in-weight": ("param", NAN),
+    "inf-in-weight": ("param", INF),
+}
+# Every case in fp32; the 16-bit types (whose kernels differ only in loads and stores) on one case each.
+SPECIAL_CASES = [pytest.param(*case, torch.float32, id=name) for name, case in SPECIALS.items()] + [
+    pytest.param("x", "mixed", dtype, id=f"inf-and--inf-in-x-{dtype_id(dtype)}") for dtype in DTYPES[1:]
+]
+
+
+@pytest.mark.parametrize("where, value, dtype", SPECIAL_CASES)
+@pytest.mark.parametrize("op", list(OPS))
+def test_special_values_propagate_like_pytorch(op, where, value, dtype):
+    if where == "param" and op == "avg_pool2d":
+        pytest.skip("avg_pool2d has no parameters")  # nothing to test: no weight to poison
+    C = 3
+    x = randn(2, C, 7, 6)
+    params = OPS[op][2](C)
+    if where == "x":
+        # Specials at a corner, an edge and the middle: padding and window borders must not hide or spread them.
+        for (b, c, h, w), v in zip([(0, 0, 0, 0), (1, 1, 3, 5), (1, 2, 6, 2)],
+                                   [value, value, value] if value != "mixed" else [INF, -INF, INF]):
+            x[b, c, h, w] = v
+    if where == "param":
+        params[0].view(-1)[1] = value
+
+    def dy_fn(shape):
+        dy = randn(*shape)
+        if where == "dy":
+            dy.view(-1)[5] = value
+        return dy
+
+    ours, refs = run_both(op, x, params, dy_fn, dtype)
+    names = ["y", "dx"] + [f"dparam{i}" for i in range(len(params))]
+    for name, out, ref in zip(names, ours, refs):
+        # With Inf in a parameter PyTorch's reference folds weight and statistics into x * scale + shift, so
+        # Inf - Inf makes NaN where weight * xhat is +-Inf: which non-finite value comes out is the formula's
+        # artefact there, so only the non-finite positions must agree.
+        exact_kind = not (where == "param" and value == INF)
+        assert_same_specials(out, ref, tolerance(dtype, op), f"{op} {name}", exact_kind)
+
+
+# ---- batch 0 ----
+
+def test_conv2d_batch_0_is_empty_like_pytorch():
+    x = randn(0, 3, 5, 5).requires_grad_()
+    w, b = randn(4, 3, 3, 3).requires_grad_(), randn(4).requires_grad_()
+    y = conv2d(x, w, b, padding=1)
+    assert y.shape == (0, 4, 5, 5)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, torch.zeros_like(b))
+
+
+def test_avg_pool2d_batch_0_is_empty_like_pytorch():
+    x = randn(0, 3, 5, 5).requires_grad_()
+    y = avg_pool2d(x, 3, 2, 1, ceil_mode=True)
+    assert y.shape == F.avg_pool2d(x.detach(), 3, 2, 1, ceil_mode=True).shape == (0, 3, 3, 3)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_batch_norm_batch_0_is_empty_like_pytorch(training):
+    """PyTorch: an empty result, zero parameter gradients, running statistics left as they were."""
+    x = randn(0, 3, 4, 4).requires_grad_()
+    w, b = randn(3).requires_grad_(), randn(3).requires_grad_()
+    running_mean, running_var = running_stats(3)
+    before = running_mean.clone(), running_var.clone()
+    y = batch_norm(x, running_mean, running_var, w, b, training=training)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, torch.zeros_like(b))
+    assert torch.equal(running_mean, before[0]) and torch.equal(running_var, before[1])
+
+
+@pytest.mark.parametrize("layer, args", [
+    pytest.param(nkn.Conv2d, (3, 4, 3), id="Conv2d"),
+    pytest.param(nkn.AvgPool2d, (2,), id="AvgPool2d"),
+    pytest.param(nkn.BatchNorm2d, (3,), id="BatchNorm2d"),
+])
+def test_modules_batch_0_is_empty_like_pytorch(layer, args):
+    ours, torch_layer = layer(*args).to(DEVICE), layer.__bases__[0](*args).to(DEVICE)
+    torch_layer.load_state_dict(ours.state_dict())
+    x = randn(0, 3, 4, 4)
+    assert ours(x).shape == torch_layer(x).shape
+
+
+# ---- layouts ----
+
+def layouts(x):
+    """(name, tensor equal to x, laid out otherwise): none of them contiguous in NCHW order."""
+    B, C, H, W = x.shape
+    wide = randn(B, C, H, 2 * W)
+    wide[..., ::2] = x
+    padded = randn(B + 1, C, H, W)
+    padded[1:] = x
+    return [
+        ("channels_last", x.to(memory_format=torch.channels_last)),
+        ("strided-columns", wide[..., ::2]),
+        ("transposed-hw", x.transpose(2, 3).contiguous().transpose(2, 3)),
+        ("storage-offset", padded[1:]),  # contiguous, but not at the start of its storage
+        ("broadcast-batch", x[:1].expand(B, C, H, W)),  # stride 0: every image is the same memory
+    ]
+
+
+LAYOUT_NAMES = [name for name, _ in layouts(torch.zeros(2, 1, 1, 1))]
+
+
+@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+# conv2d makes its inputs contiguous before choosing a kernel, so the depthwise kernels need no second run.
+@pytest.mark.parametrize("op", [op for op in OPS if op != "conv2d-depthwise"])
+def test_non_contiguous_input_and_grad_output(op, layout):
+    """x, and the gradient flowing back into the op, in a layout other than contiguous NCHW."""
+    x = randn(2, 3, 7, 6)
+    if layout == "broadcast-batch":
+        x[1] = x[0]
+    x_laid = dict(layouts(x))[layout]
+    assert torch.equal(x_laid, x) and (layout == "storage-offset" or not x_laid.is_contiguous())
+    params = OPS[op][2](3)
+
+    def dy_fn(shape):
+        return dict(layouts(randn(*shape)))[layout]
+
+    ours, refs = run_both(op, x_laid, params, dy_fn, torch.float32)
+    for name, out, ref in zip(["y", "dx", "dparam0", "dparam1"], ours, refs):
+        assert_close(out, ref, tol=tolerance(torch.float32, op))
+
+
+def test_conv2d_non_contiguous_weight_and_bias():
+    x = randn(2, 3, 6, 5)
+    for name, w in layouts(randn(4, 3, 3, 3)):
+        bias = randn(8)[::2]
+        ours = conv2d(x, w, bias, padding=1)
+        assert_close(ours, F.conv2d(x.double().cpu(), w.double().cpu(), bias.double().cpu(), padding=1),
+                     tol=CONV_FP32_TOLERANCE)
+
+
+def test_batch_norm_strided_parameters():
+    x = randn(2, 3, 4, 5)
+    w, b = randn(6)[::2], randn(6)[1::2]
+    running_mean, running_var = running_stats(3)
+    for training in (True, False):
+        y = batch_norm(x, running_mean.clone(), running_var.clone(), w, b, training=training)
+        ref = F.batch_norm(x.double().cpu(), running_mean.double().cpu(), running_var.double().cpu(),
+                           w.double().cpu(), b.double().cpu(), training=training)
+        assert_close(y, ref, tol=TOLERANCE[torch.float32])
