@@ -147,7 +147,8 @@ def test_compiled_cubin_launched_with_the_driver_api_matches_launch(capsys, tmp_
     module = _check(driver.cuModuleLoadData((tmp_path / f"{entry['id']}.cubin").read_bytes()))
     function = _check(driver.cuModuleGetFunction(module, entry["entry_point_name"].encode()))
     ptx = (tmp_path / f"{entry['id']}.ptx").read_text()
-    num_params = len(re.findall(rf"{entry['entry_point_name']}_param_\d+", ptx.split(")")[0]))
+    parameters = ptx[ptx.index(f".entry {entry['entry_point_name']}("):].split(")")[0]
+    num_params = len(re.findall(rf"{entry['entry_point_name']}_param_\d+", parameters))
     values = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr())]
     values += [ctypes.c_int32(v) for v in (B, C, H, W, OH, OW)]
     # Triton appends its scratch-buffer pointers after the kernel's own arguments; this kernel uses none.

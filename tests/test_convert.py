@@ -11,6 +11,15 @@ import nnkernels.nn as nnk
 from nnkernels.nn import convert
 
 
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    """On the GPU both sides would use TF32 for fp32 convolutions, each rounding differently."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 class MyConv(torch.nn.Conv2d):
     """A user's subclass: its forward may differ from torch's, so convert must leave it."""
 

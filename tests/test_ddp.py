@@ -52,7 +52,7 @@ def single_process_step(example, seed):
     return {name: t.cpu() for name, t in before.items()}, after
 
 
-def test_one_ddp_step_matches_single_process(tmp_path, monkeypatch):
+def test_one_ddp_step_matches_single_process(tmp_path):
     seed = 3
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -66,9 +66,12 @@ def test_one_ddp_step_matches_single_process(tmp_path, monkeypatch):
     for name in ranks[0]:
         assert torch.equal(ranks[0][name], ranks[1][name]), f"ranks disagree on {name}"
 
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    before, reference = single_process_step(load_example(), seed)
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        before, reference = single_process_step(load_example(), seed)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
     # Compare the updates (after - before): the parameters alone would hide a wrong step under lr.
     ddp_update = torch.cat([(ranks[0][n].double() - before[n].double()).flatten() for n in reference])
     ref_update = torch.cat([(reference[n].double() - before[n].double()).flatten() for n in reference])

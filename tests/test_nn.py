@@ -29,6 +29,15 @@ LAYERS = ([("Conv2d", c) for c in CONV_CONFIGS] + [("AvgPool2d", c) for c in POO
           + [("BatchNorm2d", c) for c in BN_CONFIGS])
 
 
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    """On the GPU both sides would use TF32 for fp32 convolutions, each rounding differently."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def twin_layers(kind, config):
     torch.manual_seed(0)
     reference = getattr(torch.nn, kind)(**config)
@@ -78,7 +87,7 @@ def test_bad_input_raises_what_torch_raises_saying_what_was_expected():
         with pytest.raises(RuntimeError, match="dtype torch.float64 is not supported; expected torch.float32"):
             layer(x.double())
         with pytest.raises(TypeError, match="expected a torch.Tensor"):
-            layer(x.numpy())
+            layer(x.cpu().numpy())
     for layer in (conv, bn):
         with pytest.raises(RuntimeError, match=f"expected a tensor on {x.device} like weight, got one on meta"):
             layer(torch.empty(2, 3, 6, 6, device="meta"))
@@ -159,6 +168,27 @@ def test_small_cnn_trains_with_the_same_losses_as_its_torch_twin():
     reference.eval()
     x = torch.randn(5, 2, 7, 7, generator=generator).to(DEVICE)
     assert_close(ours(x), reference(x))
+
+
+def test_torch_compile_traces_the_layers_in_one_graph():
+    """fullgraph=True fails on any graph break in the layers' forward; aot_eager keeps the CPU
+    run cheap (tests/test_resnet.py compiles with inductor on the GPU)."""
+    torch.manual_seed(0)
+    reference = make_cnn(torch.nn).to(DEVICE)
+    ours = make_cnn(nnk).to(DEVICE)
+    ours.load_state_dict(reference.state_dict())
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    x = torch.randn(5, 2, 7, 7, device=DEVICE)
+    out, ref = compiled(x), reference(x)
+    assert_close(out, ref)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    # All gradients as one vector: the first conv's bias feeds a batch norm, so its own gradient is
+    # exactly zero in theory and rounding noise in practice, which no relative bound can judge.
+    grads = torch.cat([p.grad.flatten() for p in ours.parameters()])
+    assert_close(grads, torch.cat([q.grad.flatten() for q in reference.parameters()]), tol=1e-5)
+    for b, c in zip(ours.buffers(), reference.buffers()):
+        assert_close(b.double(), c.double(), tol=1e-6)
 
 
 @gpu

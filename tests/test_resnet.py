@@ -20,10 +20,12 @@ BATCH, IMAGE_SIZE = 8, 64
 
 
 @pytest.fixture
-def exact_fp32(monkeypatch):
+def exact_fp32():
     """TF32 off, so fp32 convolutions on both sides are IEEE fp32 and 1e-4 is a fair bound."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def twins(name, seed=0):
