@@ -235,3 +235,25 @@ def peek(kind: str, key, candidates: list[Config]) -> Config:
     with _lock:
         stored = _stored().get(_full_key(kind, key))
     return Config(**stored) if stored is not None else candidates[0]
+
+
+def _pow2_dividing(n: int) -> int:
+    return n & -n
+
+
+def channels_last_candidates(m: int, n: int, c_in: int, dtype: torch.dtype) -> list[Config]:
+    """`gemm_candidates` for the channels-last kernels, whose K slices must not straddle taps:
+    BLOCK_K divides C_IN."""
+    limit = _pow2_dividing(c_in)
+    found = [Config(c.block_m, c.block_n, min(c.block_k, limit), c.num_warps, c.num_stages)
+             for c in gemm_candidates(m, n, c_in, dtype)]
+    return list(dict.fromkeys(found))
+
+
+def channels_last_dw_candidates(m: int, c_in: int, taps: int, pixels: int, dtype: torch.dtype) -> list[Config]:
+    """`dw_candidates` for the channels-last dw kernel, whose column tiles lie inside one tap:
+    BLOCK_N divides C_IN."""
+    limit = _pow2_dividing(c_in)
+    found = [Config(c.block_m, min(c.block_n, limit), c.block_k, c.num_warps, c.num_stages, c.split)
+             for c in dw_candidates(m, c_in * taps, pixels, 1, dtype)]
+    return list(dict.fromkeys(found))

@@ -9,6 +9,7 @@ looser tolerance (2e-3: 10-bit mantissa products) than full fp32 (1e-5).
 import pytest
 import torch
 
+from nnkernels.ops.conv2d_gemm_channels_last import Conv2dGemmClDw, Conv2dGemmClForward
 from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw, dw_partial_size
 from nnkernels.ops.conv2d_gemm_dx import Conv2dGemmDx
 from nnkernels.ops.conv2d_gemm_forward import Conv2dGemmForward
@@ -90,6 +91,30 @@ def test_gemm_kernels_one_program_per_axis():
     for out, ref in zip(ours, refs):
         if ref is not None:
             assert_close(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_channels_last_kernels_match_float64(dtype):
+    """Channels-last forward and dw (groups = 1, channels multiples of the K/N blocks), NCHW outputs."""
+    B, C_IN, C_OUT, H, W, stride, pad, dil = 2, 32, 24, 7, 6, (2, 1), (1, 2), (1, 2)
+    OH, OW = _conv_sizes(B, C_IN, C_OUT, H, W, 3, 3, stride, pad, dil)
+    x, w, bias = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, 3, 3, dtype=dtype), randn(C_OUT, dtype=dtype)
+    dy = randn(B, C_OUT, OH, OW, dtype=dtype)
+    geometry = (3, 3, *stride, *pad, *dil)
+    sizes = (B, C_IN, C_OUT, H, W, OH, OW)
+    x_cl, w_cl, dy_cl = (t.permute(0, 2, 3, 1).contiguous() for t in (x, w, dy))
+    y = poisoned(B, C_OUT, OH, OW, dtype=dtype)
+    Conv2dGemmClForward(*geometry, True, False, 32, 16, 16, dtype=dtype).launch(x_cl, w_cl, bias, y, *sizes)
+    split = 3
+    partial = poisoned(split, dw_partial_size(C_OUT, C_IN, 3, 3, True), dtype=torch.float32)
+    Conv2dGemmClDw(*geometry, True, False, 16, 16, 16, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
+    dw, dbias = poisoned(C_OUT, C_IN, 3, 3, dtype=dtype), poisoned(C_OUT, dtype=dtype)
+    Conv2dDwReduce(True, 64, dtype=dtype).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
+    y64, _, dw64, db64 = _references(x, w, bias, dy, stride, pad, dil, 1)
+    for out, ref in ((y, y64), (dw, dw64), (dbias, db64)):
+        assert_close(out, ref, dtype)
+    with pytest.raises(ValueError, match="C_IN: expected a multiple of block_k"):
+        Conv2dGemmClForward(*geometry, True, False, 32, 16, 64, dtype=dtype).launch(x_cl, w_cl, bias, y, *sizes)
 
 
 @gpu

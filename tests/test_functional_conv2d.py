@@ -21,6 +21,9 @@ CASES = [
     pytest.param((2, 4, 4, 7, 6, 3, 2, 1, 1, 4, True), id="depthwise-stride2"),
     pytest.param((1, 4, 6, 9, 8, 3, 2, 2, 2, 2, False), id="groups2-dilated"),
     pytest.param((2, 4, 3, 5, 5, 1, 1, 0, 1, 1, True), id="1x1"),
+    pytest.param((2, 16, 32, 5, 6, 3, 1, 1, 1, 1, True), id="channels-last-3x3"),
+    pytest.param((1, 32, 16, 7, 6, 3, 2, 1, 1, 1, False), id="channels-last-stride2"),
+    pytest.param((1, 16, 16, 6, 7, 3, 1, 3, 1, 1, True), id="channels-last-pad-over-kernel"),
 ]
 
 

@@ -4,7 +4,9 @@ The work runs in two PyTorch custom operators, so autograd, `torch.compile` and 
 one opaque op each: `nnkernels::conv2d` (forward) and `nnkernels::conv2d_backward` (dx, dw,
 dbias, each only when asked). Per shape the op picks its kernels from the catalogue: the
 direct depthwise kernels when groups == C_IN == C_OUT, the implicit-GEMM tensor-core kernels
-otherwise, with block sizes from `nnkernels.tuning`. `kernels_for(...)` names the kernels a
+otherwise: on channels-last copies of the inputs when groups == 1 and the channel counts are
+multiples of 16 (vector loads; dx through the forward kernel when the stride is 1), straight
+from NCHW else. Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a
 call uses, and every launch is logged at DEBUG level on the "nnkernels" logger.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .. import tuning
+from ..ops.conv2d_gemm_channels_last import Conv2dGemmClDw, Conv2dGemmClForward
 from ..ops.conv2d_depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward
 from ..ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw, dw_partial_size
 from ..ops.conv2d_gemm_dx import Conv2dGemmDx
@@ -24,6 +27,8 @@ from ..ops.conv2d_gemm_forward import Conv2dGemmForward
 
 # The kernel classes this op launches (what `nnkernels list` shows against conv2d).
 KERNELS = (
+    Conv2dGemmClForward,
+    Conv2dGemmClDw,
     Conv2dGemmForward,
     Conv2dGemmDx,
     Conv2dGemmDw,
@@ -34,6 +39,7 @@ KERNELS = (
 )
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 REDUCE_BLOCK = 1024
+CHANNELS_LAST_MULTIPLE = 16
 INT32_LIMIT = 2**31
 
 _log = logging.getLogger("nnkernels")
@@ -170,7 +176,13 @@ class _Problem:
         self.OW = _output_size(self.W, self.KW, stride[1], padding[1], dilation[1])
         self.groups, self.dtype, self.has_bias = groups, dtype, has_bias
         self.geometry = (self.KH, self.KW, *stride, *padding, *dilation)
+        self.stride, self.padding, self.dilation = stride, padding, dilation
         self.depthwise = _is_depthwise(self.C_IN, self.C_OUT, groups)
+        self.channels_last = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
+                              and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
+        # dx of a stride-1 convolution is a convolution of dy with padding dil*(k-1) - pad.
+        self.dx_padding = tuple(d * (k - 1) - p for d, k, p in zip(dilation, (self.KH, self.KW), padding))
+        self.dx_as_forward = self.channels_last and stride == (1, 1) and min(self.dx_padding) >= 0
         self.tf32 = _tf32(dtype)
         self.key = (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.geometry, groups, str(dtype), self.tf32,
                     has_bias)
@@ -178,6 +190,33 @@ class _Problem:
     @property
     def sizes(self):
         return (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.OH, self.OW)
+
+    @property
+    def launch_sizes(self):
+        """The size arguments of this problem's kernels (the depthwise ones take one C)."""
+        if self.depthwise:
+            return (self.B, self.C_IN, self.H, self.W, self.OH, self.OW)
+        return self.sizes
+
+    def cl_forward_candidates(self):
+        return tuning.channels_last_candidates(self.B * self.OH * self.OW, self.C_OUT, self.C_IN, self.dtype)
+
+    def cl_dx_candidates(self):
+        return tuning.channels_last_candidates(self.B * self.H * self.W, self.C_IN, self.C_OUT, self.dtype)
+
+    def cl_dw_candidates(self):
+        return tuning.channels_last_dw_candidates(self.C_OUT, self.C_IN, self.KH * self.KW,
+                                                  self.B * self.OH * self.OW, self.dtype)
+
+    def cl_forward_kernel(self, config, for_dx=False):
+        geometry = self.geometry if not for_dx else (self.KH, self.KW, 1, 1, *self.dx_padding, *self.dilation)
+        constants = geometry + (self.has_bias and not for_dx, self.tf32, config.block_m, config.block_n,
+                                config.block_k)
+        return _kernel(Conv2dGemmClForward, constants, self.dtype, config.num_warps, config.num_stages)
+
+    def cl_dw_kernel(self, config, with_bias):
+        constants = self.geometry + (with_bias, self.tf32, config.block_m, config.block_n, config.block_k)
+        return _kernel(Conv2dGemmClDw, constants, self.dtype, config.num_warps, config.num_stages)
 
     def forward_candidates(self):
         return tuning.gemm_candidates(self.B * self.OH * self.OW, self.C_OUT // self.groups,
@@ -235,12 +274,79 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
         if backward:
             kernels += [problem.dx_kernel(config), problem.dw_kernel(config, bias), problem.reduce_kernel(bias)]
         return [k.id for k in kernels]
-    kernels = [problem.forward_kernel(tuning.peek("conv2d_forward", problem.key, problem.forward_candidates()))]
+    if problem.channels_last:
+        kernels = [problem.cl_forward_kernel(tuning.peek("conv2d_cl_forward", problem.key,
+                                                         problem.cl_forward_candidates()))]
+    else:
+        kernels = [problem.forward_kernel(tuning.peek("conv2d_forward", problem.key, problem.forward_candidates()))]
     if backward:
-        kernels.append(problem.dx_kernel(tuning.peek("conv2d_dx", problem.key, problem.dx_candidates())))
-        kernels.append(problem.dw_kernel(tuning.peek("conv2d_dw", problem.key, problem.dw_candidates()), bias))
+        if problem.dx_as_forward:
+            config = tuning.peek("conv2d_cl_dx", problem.key, problem.cl_dx_candidates())
+            kernels.append(problem.cl_forward_kernel(config, for_dx=True))
+        else:
+            kernels.append(problem.dx_kernel(tuning.peek("conv2d_dx", problem.key, problem.dx_candidates())))
+        if problem.channels_last:
+            config = tuning.peek("conv2d_cl_dw", problem.key + (bias,), problem.cl_dw_candidates())
+            kernels.append(problem.cl_dw_kernel(config, bias))
+        else:
+            kernels.append(problem.dw_kernel(tuning.peek("conv2d_dw", problem.key + (bias,), problem.dw_candidates()),
+                                             bias))
         kernels.append(problem.reduce_kernel(bias))
     return [k.id for k in kernels]
+
+
+def _channels_last(t):
+    """A [N, C, H, W] tensor's contiguous [N, H, W, C] copy."""
+    return t.permute(0, 2, 3, 1).contiguous()
+
+
+def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, full=False):
+    """Launch, once each, every kernel that `conv2d` could pick for this call, the tuning candidates
+    of NNKERNELS_TUNE=quick (or all, with `full`) included, on scratch outputs, timing and
+    remembering nothing: Triton then has them all in its disk cache, so another process (one that
+    tunes, say) loads them instead of compiling. Lets callers compile in parallel."""
+    problem = _Problem(x.shape, weight.shape, _pair(stride, "stride"), _pair(padding, "padding"),
+                       _pair(dilation, "dilation"), groups, x.dtype, bias)
+    x, weight = x.contiguous(), weight.contiguous()
+    y = torch.empty(problem.B, problem.C_OUT, problem.OH, problem.OW, dtype=x.dtype, device=x.device)
+    bias_arg = torch.zeros(problem.C_OUT, dtype=x.dtype, device=x.device) if bias else y
+    if problem.depthwise:
+        _launch(problem.forward_kernel(problem.depthwise_config()), x, weight, bias_arg, y, *problem.launch_sizes)
+        if backward:
+            _dx(y, weight, problem, x.device)
+            _dw_dbias(y, x, problem, bias)
+        return
+    pick = (lambda found: found) if full else (lambda found: found[:tuning.QUICK_CANDIDATES])
+    p = problem
+    x_cl, w_cl = _channels_last(x), _channels_last(weight)
+    if p.channels_last:
+        for config in pick(p.cl_forward_candidates()):
+            _launch(p.cl_forward_kernel(config), x_cl, w_cl, bias_arg, y, *p.sizes)
+    else:
+        for config in pick(p.forward_candidates()):
+            _launch(p.forward_kernel(config), x, weight, bias_arg, y, *p.sizes)
+    if not backward:
+        return
+    y_cl = _channels_last(y)  # the forward's output stands in for dy
+    dx = torch.empty_like(x)
+    if p.dx_as_forward:
+        flipped_cl = weight.flip(2, 3).permute(1, 2, 3, 0).contiguous()
+        for config in pick(p.cl_dx_candidates()):
+            _launch(p.cl_forward_kernel(config, for_dx=True), y_cl, flipped_cl, dx, dx,
+                    p.B, p.C_OUT, p.C_IN, p.OH, p.OW, p.H, p.W)
+    else:
+        for config in pick(p.dx_candidates()):
+            _launch(p.dx_kernel(config), y, weight, dx, *p.sizes)
+    row = dw_partial_size(p.C_OUT, p.cin_per_group, p.KH, p.KW, bias)
+    dw = torch.empty_like(weight)
+    dbias = torch.empty(p.C_OUT, dtype=x.dtype, device=x.device) if bias else dw
+    for config in pick(p.cl_dw_candidates() if p.channels_last else p.dw_candidates()):
+        partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
+        if p.channels_last:
+            _launch(p.cl_dw_kernel(config, bias), y_cl, x_cl, partial, *p.sizes, config.split)
+        else:
+            _launch(p.dw_kernel(config, bias), y, x, partial, *p.sizes, config.split)
+        _launch(p.reduce_kernel(bias), partial, dw, dbias, config.split, weight.numel(), p.C_OUT)
 
 
 # ---- the work ----
@@ -250,23 +356,39 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
     y = torch.empty(problem.B, problem.C_OUT, problem.OH, problem.OW, dtype=x.dtype, device=x.device)
     bias_arg = bias if bias is not None else y  # not read when HAS_BIAS is False
     if problem.depthwise:
-        b, c, h, w, oh, ow = problem.B, problem.C_IN, problem.H, problem.W, problem.OH, problem.OW
-        _launch(problem.forward_kernel(problem.depthwise_config()), x, weight, bias_arg, y, b, c, h, w, oh, ow)
+        _launch(problem.forward_kernel(problem.depthwise_config()), x, weight, bias_arg, y, *problem.launch_sizes)
+        return y
+
+    if problem.channels_last:
+        x_cl, w_cl = _channels_last(x), _channels_last(weight)
+
+        def run_cl(config):
+            _launch(problem.cl_forward_kernel(config), x_cl, w_cl, bias_arg, y, *problem.sizes)
+
+        run_cl(tuning.choose("conv2d_cl_forward", problem.key, problem.cl_forward_candidates(), run_cl))
         return y
 
     def run(config):
         _launch(problem.forward_kernel(config), x, weight, bias_arg, y, *problem.sizes)
 
-    config = tuning.choose("conv2d_forward", problem.key, problem.forward_candidates(), run)
-    run(config)
+    run(tuning.choose("conv2d_forward", problem.key, problem.forward_candidates(), run))
     return y
 
 
-def _dx(grad_y, weight, problem, device):
+def _dx(grad_y, weight, problem, device, grad_y_cl=None):
     dx = torch.empty(problem.B, problem.C_IN, problem.H, problem.W, dtype=problem.dtype, device=device)
+    if problem.dx_as_forward:
+        flipped_cl = weight.flip(2, 3).permute(1, 2, 3, 0).contiguous()  # [C_IN, KH, KW, C_OUT]
+        p = problem
+        sizes = (p.B, p.C_OUT, p.C_IN, p.OH, p.OW, p.H, p.W)
+
+        def run_cl(config):
+            _launch(p.cl_forward_kernel(config, for_dx=True), grad_y_cl, flipped_cl, dx, dx, *sizes)
+
+        run_cl(tuning.choose("conv2d_cl_dx", p.key, p.cl_dx_candidates(), run_cl))
+        return dx
     if problem.depthwise:
-        b, c, h, w, oh, ow = problem.B, problem.C_IN, problem.H, problem.W, problem.OH, problem.OW
-        _launch(problem.dx_kernel(problem.depthwise_config()), grad_y, weight, dx, b, c, h, w, oh, ow)
+        _launch(problem.dx_kernel(problem.depthwise_config()), grad_y, weight, dx, *problem.launch_sizes)
         return dx
 
     def run(config):
@@ -276,7 +398,7 @@ def _dx(grad_y, weight, problem, device):
     return dx
 
 
-def _dw_dbias(grad_y, x, problem, with_bias):
+def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None):
     """dw and dbias (empty unless `with_bias`): split partial sums, then their ordered sum."""
     n_dw = problem.C_OUT * problem.cin_per_group * problem.KH * problem.KW
     row = dw_partial_size(problem.C_OUT, problem.cin_per_group, problem.KH, problem.KW, with_bias)
@@ -288,14 +410,19 @@ def _dw_dbias(grad_y, x, problem, with_bias):
     def run(config):
         partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
         kernel = problem.dw_kernel(config, with_bias)
-        if problem.depthwise:
-            b, c, h, w, oh, ow = problem.B, problem.C_IN, problem.H, problem.W, problem.OH, problem.OW
-            _launch(kernel, grad_y, x, partial, b, c, h, w, oh, ow, config.split)
-        else:
-            _launch(kernel, grad_y, x, partial, *problem.sizes, config.split)
+        _launch(kernel, grad_y, x, partial, *problem.launch_sizes, config.split)
         _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, n_dw, problem.C_OUT)
 
-    if problem.depthwise:
+    if problem.channels_last:
+        x_cl = _channels_last(x)
+
+        def run_cl(config):
+            partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
+            _launch(problem.cl_dw_kernel(config, with_bias), grad_y_cl, x_cl, partial, *problem.sizes, config.split)
+            _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, n_dw, problem.C_OUT)
+
+        run_cl(tuning.choose("conv2d_cl_dw", problem.key + (with_bias,), problem.cl_dw_candidates(), run_cl))
+    elif problem.depthwise:
         run(problem.depthwise_config())
     else:
         run(tuning.choose("conv2d_dw", problem.key + (with_bias,), problem.dw_candidates(), run))
@@ -335,10 +462,12 @@ def conv2d_backward_op(grad_y: Tensor, x: Tensor, weight: Tensor, stride: list[i
     if tuple(grad_y.shape) != expected or grad_y.dtype != x.dtype or grad_y.device != x.device:
         raise ValueError(f"grad_y: expected {x.dtype} of shape {expected} on {x.device}, got {grad_y.dtype} "
                          f"{tuple(grad_y.shape)} on {grad_y.device}")
-    dx = _dx(grad_y, weight, problem, x.device) if need_dx else x.new_empty(0)
+    needs_cl = (need_dx and problem.dx_as_forward) or ((need_dw or need_dbias) and problem.channels_last)
+    grad_y_cl = _channels_last(grad_y) if needs_cl else None
+    dx = _dx(grad_y, weight, problem, x.device, grad_y_cl) if need_dx else x.new_empty(0)
     dw, dbias = x.new_empty(0), x.new_empty(0)
     if need_dw or need_dbias:
-        dw, dbias = _dw_dbias(grad_y, x, problem, need_dbias)
+        dw, dbias = _dw_dbias(grad_y, x, problem, need_dbias, grad_y_cl)
         dw = dw if need_dw else x.new_empty(0)
     return dx, dw, dbias
 

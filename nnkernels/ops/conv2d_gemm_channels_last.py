@@ -1,0 +1,191 @@
+"""Implicit-GEMM convolution on channels-last copies: `Conv2dGemmClForward`, `Conv2dGemmClDw`.
+
+Measured on the H200, gathering im2col tiles straight from NCHW is latency-bound: the pixel
+axis is only piecewise contiguous and each tap shifts it by an odd number of elements, so
+loads are single elements (2 bytes for bf16: too small for asynchronous copies, so no
+pipelining). With channels last, a K-slice is BLOCK_K consecutive, aligned channels of one
+pixel: 16-byte vector loads that the compiler pipelines. The op makes the channels-last copy
+of its NCHW input (one memory pass) and these kernels still write NCHW (y) or dw's own layout.
+Used when groups == 1 and the channel counts are multiples of BLOCK_K; NCHW kernels otherwise.
+The forward kernel also computes dx of a stride-1 convolution (a convolution of dy with the
+flipped, transposed weight).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..kernel import kernel_object
+from .checks import check_numel
+from .conv2d_gemm_dw import dw_partial_size
+from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
+
+
+def conv2d_gemm_cl_forward_entry(k, a):
+    """Grid (pixel tiles, c_out tiles, 1) for `Conv2dGemmClForward`."""
+    check_conv_launch(k, a, 1)
+    if a.C_IN % k.block_k:
+        raise ValueError(f"C_IN: expected a multiple of block_k = {k.block_k}, got {a.C_IN}")
+    if k.has_bias:
+        check_numel("bias", a.bias, a.C_OUT, "C_OUT")
+    return check_grid_3d(triton.cdiv(a.B * a.OH * a.OW, k.block_m), triton.cdiv(a.C_OUT, k.block_n), 1)
+
+
+@triton.jit
+def conv2d_gemm_cl_forward(
+    x, w, bias, y, B, C_IN, C_OUT, H, W, OH, OW,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """2-D convolution forward (groups = 1) from channels-last x and w, NCHW y; implicit GEMM.
+
+    x is [B, H, W, C_IN] and w is [C_OUT, KH, KW, C_IN], both contiguous; C_IN % BLOCK_K == 0.
+    Grid: (cdiv(B*OH*OW, BLOCK_M), cdiv(C_OUT, BLOCK_N), 1). Program (pm, pn) writes y[b, c_out, oh, ow]
+    (NCHW) for the BLOCK_M pixels p = b*OH*OW + oh*OW + ow of tile pm and BLOCK_N channels of tile pn:
+        y = bias[c_out] + sum over (kh, kw, c_in) of w[c_out, kh, kw, c_in]
+            * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in],
+    x read as 0 outside the image; K = KH*KW*C_IN runs in BLOCK_K slices, each inside one tap.
+    Tensor-core products (TF32 for fp32 when TF32), fp32 accumulation, y rounded once; every
+    element of y is written; bias read only when HAS_BIAS.
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    ohw = OH * OW
+    pixel = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pixel_ok = pixel < B * ohw
+    b = pixel // ohw
+    pixel_in_image = pixel % ohw
+    ih_first = (pixel_in_image // OW) * STRIDE_H - PAD_H
+    iw_first = (pixel_in_image % OW) * STRIDE_W - PAD_W
+    image_row = b.to(tl.int64) * H
+    c_out = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_out_ok = c_out < C_OUT
+    k_total = KH * KW * C_IN
+    w_rows = w + c_out.to(tl.int64)[:, None] * k_total
+    channel = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k_first in range(0, k_total, BLOCK_K):
+        tap = k_first // C_IN
+        c_first = k_first - tap * C_IN
+        ih = ih_first + (tap // KW) * DIL_H
+        iw = iw_first + (tap % KW) * DIL_W
+        inside = pixel_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        x_pixel = ((image_row + ih) * W + iw) * C_IN + c_first
+        x_tile = tl.load(x + x_pixel[:, None] + channel[None, :], mask=inside[:, None], other=0.0)
+        w_tile = tl.load(w_rows + k_first + channel[None, :], mask=c_out_ok[:, None], other=0.0)
+        if TF32:
+            acc = tl.dot(x_tile, tl.trans(w_tile), acc, input_precision="tf32")
+        else:
+            acc = tl.dot(x_tile, tl.trans(w_tile), acc, input_precision="ieee")
+    if HAS_BIAS:
+        acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[None, :]
+    y_pixel = b.to(tl.int64) * C_OUT * ohw + pixel_in_image
+    tl.store(
+        y + (c_out.to(tl.int64) * ohw)[:, None] + y_pixel[None, :],
+        tl.trans(acc).to(y.dtype.element_ty),
+        mask=c_out_ok[:, None] & pixel_ok[None, :],
+    )
+
+
+def conv2d_gemm_cl_dw_entry(k, a):
+    """Grid (c_out tiles * n tiles, SPLIT, 1) for `Conv2dGemmClDw`."""
+    check_conv_launch(k, a, 1)
+    if a.C_IN % k.block_n:
+        raise ValueError(f"C_IN: expected a multiple of block_n = {k.block_n}, got {a.C_IN}")
+    if a.SPLIT > a.B * a.OH * a.OW:
+        raise ValueError(f"SPLIT: expected at most B*OH*OW = {a.B * a.OH * a.OW} slices, got {a.SPLIT}")
+    row = dw_partial_size(a.C_OUT, a.C_IN, k.kh, k.kw, k.has_bias)
+    check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C_OUT*C_IN*KH*KW [+ C_OUT with HAS_BIAS])")
+    tiles = triton.cdiv(a.C_OUT, k.block_m) * (k.kh * k.kw * a.C_IN // k.block_n)
+    return check_grid_3d(tiles, a.SPLIT, 1)
+
+
+@triton.jit
+def conv2d_gemm_cl_dw(
+    dy, x, partial, B, C_IN, C_OUT, H, W, OH, OW, SPLIT,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """2-D convolution weight gradient (groups = 1) from channels-last dy and x, split over pixels.
+
+    dy is [B, OH, OW, C_OUT] and x is [B, H, W, C_IN], both contiguous; C_IN % BLOCK_N == 0.
+    Grid: (cdiv(C_OUT, BLOCK_M) * KH*KW*C_IN/BLOCK_N, SPLIT, 1). Program (tile, s) takes the pixels
+    p = b*OH*OW + oh*OW + ow of slice s, [s*L, min((s+1)*L, B*OH*OW)) with
+    L = cdiv(cdiv(B*OH*OW, SPLIT), BLOCK_K)*BLOCK_K, its BLOCK_M channels c_out and its BLOCK_N
+    columns n = (kh*KW + kw)*C_IN + c_in (one tap per tile), and writes
+        partial[s, c_out*C_IN*KH*KW + c_in*KH*KW + kh*KW + kw] = sum over p of dy[b, oh, ow, c_out]
+            * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
+    (x read as 0 outside the image) and, when HAS_BIAS, the tiles of the first column also write
+        partial[s, C_OUT*C_IN*KH*KW + c_out] = sum over p of dy[b, oh, ow, c_out].
+    Tensor-core products (TF32 for fp32 when TF32), fp32 sums; every element of `partial` is written.
+    """
+    pid_tile = tl.program_id(0)
+    split = tl.program_id(1)
+    taps: tl.constexpr = KH * KW
+    num_n_tiles = taps * C_IN // BLOCK_N
+    tile_m = pid_tile // num_n_tiles
+    n_first = (pid_tile % num_n_tiles) * BLOCK_N
+    tap = n_first // C_IN
+    c_in = n_first - tap * C_IN + tl.arange(0, BLOCK_N)
+    dh = (tap // KW) * DIL_H
+    dw = (tap % KW) * DIL_W
+    c_out = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    c_out_ok = c_out < C_OUT
+    ohw = OH * OW
+    pixels = B * ohw
+    slice_len = tl.cdiv(tl.cdiv(pixels, SPLIT), BLOCK_K) * BLOCK_K
+    slice_first = split * slice_len
+    slice_end = tl.minimum(slice_first + slice_len, pixels)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    dbias = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for p_first in range(slice_first, slice_end, BLOCK_K):
+        p = p_first + tl.arange(0, BLOCK_K)
+        p_ok = p < slice_end
+        p_in_image = p % ohw
+        ih = (p_in_image // OW) * STRIDE_H - PAD_H + dh
+        iw = (p_in_image % OW) * STRIDE_W - PAD_W + dw
+        inside = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        dy_tile = tl.load(
+            dy + (p.to(tl.int64) * C_OUT)[:, None] + c_out[None, :], mask=p_ok[:, None] & c_out_ok[None, :], other=0.0
+        )
+        x_pixel = (((p // ohw).to(tl.int64) * H + ih) * W + iw) * C_IN
+        x_tile = tl.load(x + x_pixel[:, None] + c_in[None, :], mask=inside[:, None], other=0.0)
+        if TF32:
+            acc = tl.dot(tl.trans(dy_tile), x_tile, acc, input_precision="tf32")
+        else:
+            acc = tl.dot(tl.trans(dy_tile), x_tile, acc, input_precision="ieee")
+        if HAS_BIAS:
+            dbias += tl.sum(dy_tile.to(tl.float32), axis=0)
+    row_len = C_OUT * C_IN * taps
+    if HAS_BIAS:
+        row_len += C_OUT
+    row = partial + split.to(tl.int64) * row_len
+    dw_index = (c_out * (C_IN * taps))[:, None] + (c_in * taps + tap)[None, :]
+    tl.store(row + dw_index, acc, mask=c_out_ok[:, None])
+    if HAS_BIAS:
+        if n_first == 0:
+            tl.store(row + C_OUT * C_IN * taps + c_out, dbias, mask=c_out_ok)
+
+
+Conv2dGemmClForward = kernel_object(
+    conv2d_gemm_cl_forward,
+    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 128, 64, 64),
+    entry=conv2d_gemm_cl_forward_entry,
+    nonnegative=("PAD_H", "PAD_W"),
+    flags=("HAS_BIAS", "TF32"),
+    num_warps=4,
+    num_stages=3,
+)
+Conv2dGemmClDw = kernel_object(
+    conv2d_gemm_cl_dw,
+    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64),
+    entry=conv2d_gemm_cl_dw_entry,
+    pointer_dtypes={"partial": torch.float32},
+    nonnegative=("PAD_H", "PAD_W"),
+    flags=("HAS_BIAS", "TF32"),
+    num_warps=4,
+    num_stages=3,
+)
