@@ -11,6 +11,7 @@ from nnkernels.ops.avg_pool2d_gather import (
     AvgPool2dGatherForward,
     pooled_size,
     pooling_blocks,
+    pooling_config,
     uniform_divisor,
 )
 from support import DEVICE, DTYPES, assert_close, gpu, poisoned, randn
@@ -114,7 +115,9 @@ def test_suite_shape_on_gpu_is_deterministic_and_correct(dtype):
     """k3 s1 p1 on B8 C64 56x56 (overlapping windows): bitwise equal twice, and equal to PyTorch."""
     x = torch.randn(8, 64, 56, 56, device=DEVICE, dtype=dtype)
     dy = torch.randn(8, 64, 56, 56, device=DEVICE, dtype=dtype)
-    kernel = AvgPool2dGatherBackward(3, 3, 1, 1, 1, 1, True, 0, True, *pooling_blocks(8 * 64 * 56, 56), dtype=dtype)
+    block_r, block_w, num_warps = pooling_config(8 * 64 * 56, 56, 9)
+    kernel = AvgPool2dGatherBackward(3, 3, 1, 1, 1, 1, True, 0, True, block_r, block_w, dtype=dtype,
+                                     num_warps=num_warps)
     first, second = poisoned(*x.shape, dtype=dtype), poisoned(*x.shape, dtype=dtype)
     kernel.launch(dy, first, 8 * 64, 56, 56, 56, 56)
     kernel.launch(dy, second, 8 * 64, 56, 56, 56, 56)

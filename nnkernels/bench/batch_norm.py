@@ -7,7 +7,8 @@ train backward 5Ne (dy and x read twice: reductions, then dx; write dx);
 a channel that fits on chip (one tile, B32 C2048 7x7) is read once: train 2Ne forward, 3Ne backward.
 Timed in CUDA graphs: forward through the functional call (the training forward includes the
 running-statistics update on both sides); backward as the op each autograd formula calls
-(ours: nnkernels::batch_norm_*_backward; PyTorch: aten.batch_norm_backward, cuDNN where it picks it).
+(ours: nnkernels::batch_norm_*_backward; PyTorch: aten._batch_norm_impl_index_backward, cuDNN where
+it picks it).
 Run: python3 -m nnkernels.bench.batch_norm --out DIR [--quick] [--sweep]
 """
 from __future__ import annotations
@@ -58,18 +59,19 @@ def _seed_ms(direction, x, dy, weight, bias, running_mean, running_var, eps=1e-5
 
 
 def _backward_calls(x, dy, weight, bias, running_mean, running_var, training):
-    """(ours, PyTorch's) backward alone, each the op its autograd formula calls, on saved statistics."""
+    """(ours, PyTorch's) backward alone, each what its autograd formula calls, on saved statistics.
+    PyTorch's side is aten._batch_norm_impl_index_backward, which picks cuDNN or its native kernel."""
     if training:
         _, mean, rstd, _ = bn.batch_norm_train_op(x, weight, bias, 1e-5)
         ours = functools.partial(bn.batch_norm_train_backward_op, dy, x, weight, mean, rstd)
-        forward = torch.ops.aten._batch_norm_with_update(x, weight, bias, running_mean.clone(), running_var.clone(),
-                                                         0.1, 1e-5)
+        stats = running_mean.clone(), running_var.clone()
     else:
         ours = functools.partial(bn.batch_norm_eval_backward_op, dy, x, running_mean, running_var, weight, 1e-5)
-        forward = torch.ops.aten._batch_norm_no_update(x, weight, bias, running_mean, running_var, 0.1, 1e-5)
-    _, save_mean, save_invstd, reserve = forward
-    theirs = functools.partial(torch.ops.aten.batch_norm_backward, dy, x, weight, running_mean, running_var,
-                               save_mean, save_invstd, training, 1e-5, [True, True, True], reserve)
+        stats = running_mean, running_var
+    _, save_mean, save_var, reserve, impl = torch.ops.aten._batch_norm_impl_index(
+        x, weight, bias, *stats, training, 0.1, 1e-5, torch.backends.cudnn.enabled)
+    theirs = functools.partial(torch.ops.aten._batch_norm_impl_index_backward, impl, x, dy, weight, *stats,
+                               save_mean, save_var, training, 1e-5, [True, True, True], reserve)
     return ours, theirs
 
 
@@ -109,32 +111,35 @@ def run(quick: bool = False) -> list[harness.Row]:
 
 
 def sweep() -> str:
-    """Times of each bf16 pass on B32 C256 56x56 per plan (tile, programs) and warp count, by
+    """Times of each bf16 pass on the two large shapes per plan (tile, programs) and warp count, by
     patching the functional module's plan and kernel cache for the duration of the sweep."""
     harness.require_gpu()
     original_plan, original_kernel = bn.batch_norm_plan, bn._kernel
-    lines = ["batch_norm sweep (bf16 B32 C256 56x56): ms per (tile elements, programs, num_warps)"]
-    x = torch.randn(SUITE[0][1], device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn_like(x)
-    C = x.shape[1]
-    weight, bias = torch.randn(C, device="cuda"), torch.randn(C, device="cuda")
-    mean, rstd = torch.zeros(C, device="cuda"), torch.ones(C, device="cuda")
-    steps = {
-        "train_fwd": lambda: bn.batch_norm_train_op(x, weight, bias, 1e-5),
-        "train_bwd": lambda: bn.batch_norm_train_backward_op(dy, x, weight, mean, rstd),
-        "eval_fwd": lambda: bn.batch_norm_eval_op(x, mean, rstd, weight, bias, 1e-5),
-        "eval_bwd": lambda: bn.batch_norm_eval_backward_op(dy, x, mean, rstd, weight, 1e-5),
-    }
-    configs = ((4096, 132 * 16, 4), (2048, 132 * 16, 8), (2048, 132 * 32, 4))
+    lines = ["batch_norm sweep (bf16): ms per (tile elements, programs, num_warps); the table ran 2048/2112/4"]
+    configs = ((1024, 132 * 16, 4), (4096, 132 * 16, 4), (2048, 132 * 16, 8), (4096, 132 * 16, 8),
+               (2048, 132 * 32, 4))
     try:
-        for step, fn in steps.items():
-            timings = []
-            for tile, programs, warps in configs:
-                bn.batch_norm_plan = functools.partial(original_plan, tile=tile, programs=programs)
-                bn._kernel = functools.lru_cache(maxsize=None)(
-                    lambda cls, dt, *consts, w=warps: cls(*consts, dtype=dt, num_warps=w))
-                timings.append(f"{tile}/{programs}/{warps}={harness.time_ms(fn):.4f}")
-            lines.append(f"{step}: " + " ".join(timings))
+        for case, shape in SUITE[:2]:
+            x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+            dy = torch.randn_like(x)
+            C = x.shape[1]
+            weight, bias = torch.randn(C, device="cuda"), torch.randn(C, device="cuda")
+            mean, rstd = torch.zeros(C, device="cuda"), torch.ones(C, device="cuda")
+            steps = {
+                "train_fwd": lambda: bn.batch_norm_train_op(x, weight, bias, 1e-5),
+                "train_bwd": lambda: bn.batch_norm_train_backward_op(dy, x, weight, mean, rstd),
+                "eval_fwd": lambda: bn.batch_norm_eval_op(x, mean, rstd, weight, bias, 1e-5),
+                "eval_bwd": lambda: bn.batch_norm_eval_backward_op(dy, x, mean, rstd, weight, 1e-5),
+            }
+            for step, fn in steps.items():
+                timings = []
+                for tile, programs, warps in configs:
+                    bn.batch_norm_plan = functools.partial(original_plan, tile=tile, programs=programs)
+                    bn._kernel = functools.lru_cache(maxsize=None)(
+                        lambda cls, dt, *consts, w=warps: cls(*consts, dtype=dt, num_warps=w))
+                    timings.append(f"{tile}/{programs}/{warps}={harness.time_ms(fn):.4f}")
+                lines.append(f"{case} {step}: " + " ".join(timings))
+            del x, dy
     finally:
         bn.batch_norm_plan, bn._kernel = original_plan, original_kernel
     return "\n".join(lines)

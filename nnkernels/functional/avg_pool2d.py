@@ -18,7 +18,7 @@ from ..ops.avg_pool2d_gather import (
     AvgPool2dGatherBackward,
     AvgPool2dGatherForward,
     pooled_size,
-    pooling_blocks,
+    pooling_config,
     uniform_divisor,
 )
 
@@ -72,20 +72,25 @@ def _check(x, kernel_size, stride, padding, divisor_override):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cls, dtype, kh, kw, sh, sw, ph, pw, count_include_pad, divisor, uniform, block_r, block_w):
-    return cls(kh, kw, sh, sw, ph, pw, count_include_pad, divisor, uniform, block_r, block_w, dtype=dtype)
+def _kernel(cls, dtype, kh, kw, sh, sw, ph, pw, count_include_pad, divisor, uniform, block_r, block_w, num_warps):
+    return cls(kh, kw, sh, sw, ph, pw, count_include_pad, divisor, uniform, block_r, block_w, dtype=dtype,
+               num_warps=num_warps)
 
 
 def _launch(cls, source, out, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor):
     """Launch the forward (source = x, out = y) or the backward (source = dy, out = dx)."""
     planes = out.shape[0] * out.shape[1]
-    rows, cols = (planes * H, W) if cls is AvgPool2dGatherBackward else (planes * OH, OW)
+    if cls is AvgPool2dGatherBackward:
+        # Each dx gathers from the windows that may cover it: cdiv(k, stride) per axis.
+        rows, cols, taps = planes * H, W, -(-kernel[0] // stride[0]) * -(-kernel[1] // stride[1])
+    else:
+        rows, cols, taps = planes * OH, OW, kernel[0] * kernel[1]
     # The window options under the attribute names `uniform_divisor` reads from a kernel object.
     options = SimpleNamespace(kh=kernel[0], kw=kernel[1], stride_h=stride[0], stride_w=stride[1], pad_h=padding[0],
                               pad_w=padding[1], count_include_pad=count_include_pad, divisor_override=divisor)
     uniform = uniform_divisor(options, H, W, OH, OW)
     k = _kernel(cls, out.dtype, *kernel, *stride, *padding, count_include_pad, divisor, uniform,
-                *pooling_blocks(rows, cols))
+                *pooling_config(rows, cols, taps))
     k.launch(source, out, planes, H, W, OH, OW)
     direction = "backward" if cls is AvgPool2dGatherBackward else "forward"
     _last_kernels[direction] = k.id
