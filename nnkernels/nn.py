@@ -72,6 +72,19 @@ def _same_padding(kernel_size, dilation) -> tuple:
     return tuple(padding)
 
 
+def _conv2d_options(conv: torch.nn.Conv2d) -> tuple:
+    """The numeric padding nnkernels runs `conv` with; NotImplementedError for options it cannot run."""
+    if conv.padding_mode != "zeros":
+        raise NotImplementedError(
+            f"padding_mode={conv.padding_mode!r} is not supported by nnkernels.nn.Conv2d; only 'zeros' is"
+        )
+    if conv.padding == "same":
+        return _same_padding(conv.kernel_size, conv.dilation)
+    if conv.padding == "valid":
+        return (0, 0)
+    return tuple(conv.padding)
+
+
 class Conv2d(torch.nn.Conv2d):
     """`torch.nn.Conv2d` running `nnkernels.functional.conv2d` (only padding_mode='zeros')."""
 
@@ -94,19 +107,6 @@ class Conv2d(torch.nn.Conv2d):
         padding = _conv2d_options(self)
         y = conv2d(batched, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
         return y if input.dim() == 4 else y.squeeze(0)
-
-
-def _conv2d_options(conv: torch.nn.Conv2d) -> tuple:
-    """The numeric padding nnkernels runs `conv` with; NotImplementedError for options it cannot run."""
-    if conv.padding_mode != "zeros":
-        raise NotImplementedError(
-            f"padding_mode={conv.padding_mode!r} is not supported by nnkernels.nn.Conv2d; only 'zeros' is"
-        )
-    if conv.padding == "same":
-        return _same_padding(conv.kernel_size, conv.dilation)
-    if conv.padding == "valid":
-        return (0, 0)
-    return tuple(conv.padding)
 
 
 class AvgPool2d(torch.nn.AvgPool2d):
@@ -186,7 +186,8 @@ _REPLACEMENTS = {torch.nn.Conv2d: Conv2d, torch.nn.AvgPool2d: AvgPool2d, torch.n
 def _unsupported(module) -> str | None:
     """Why nnkernels cannot run `module` (a torch layer of a convertible kind), or None if it can."""
     if type(module) not in _REPLACEMENTS:
-        return f"{type(module).__module__}.{type(module).__qualname__} subclasses a torch layer and may change its forward"
+        cls = type(module)
+        return f"{cls.__module__}.{cls.__qualname__} subclasses a torch layer and may change its forward"
     if isinstance(module, torch.nn.Conv2d):
         try:
             _conv2d_options(module)
@@ -216,8 +217,8 @@ def convert(model: torch.nn.Module, verbose: bool = False) -> torch.nn.Module:
     """Replace, in place, every `torch.nn.Conv2d`, `AvgPool2d` and `BatchNorm2d` of `model` that
     nnkernels supports with the nnkernels layer holding the same Parameters and buffers.
 
-    Returns `model` (also when `model` itself is such a layer, then its replacement), with the
-    `ConversionSummary` attached as `model.nnkernels_summary`; `verbose` prints it.
+    Returns `model` (or, when `model` is itself such a layer, its replacement) with the
+    `ConversionSummary` attached as `.nnkernels_summary`; `verbose` also prints it.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")

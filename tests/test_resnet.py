@@ -9,10 +9,10 @@ import torch
 
 from support import assert_close, gpu
 
+from nnkernels.nn import BatchNorm2d, convert
+
 torchvision = pytest.importorskip("torchvision") if torch.cuda.is_available() else None
 pytestmark = gpu
-
-from nnkernels.nn import BatchNorm2d, convert  # noqa: E402
 
 # Relative error allowed (||ours - torch|| / ||torch||), from the acceptance criteria.
 TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}
@@ -109,4 +109,7 @@ def test_torch_compile_fullgraph_matches_eager(exact_fp32):
         except AssertionError as err:
             raise AssertionError(f"{name}.grad: {err}") from None
     for (name, b), (_, c) in zip(ours.named_buffers(), reference.named_buffers()):
-        assert_close(b.float(), c.float(), tol=TOLERANCE["fp32"])
+        try:
+            assert_close(b.float(), c.float(), tol=TOLERANCE["fp32"])
+        except AssertionError as err:
+            raise AssertionError(f"{name}: {err}") from None

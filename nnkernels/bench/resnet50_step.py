@@ -8,7 +8,9 @@ row's `graph` column says which. Rounds alternate ours/torch and the medians are
 from __future__ import annotations
 
 import copy
+import math
 import statistics
+import sys
 
 import torch
 
@@ -37,9 +39,11 @@ def make_step(model, images, labels):
 def timed(step, graph: bool) -> float:
     try:
         return time_ms(step, graph=graph)
-    except Exception:  # noqa: BLE001  (a step that cannot be captured is timed eagerly instead)
+    except Exception as err:  # a step that cannot be captured is only timed eagerly
         if not graph:
             raise
+        print(f"resnet50_step: CUDA-graph capture failed ({type(err).__name__}: {err}); eager rows only",
+              file=sys.stderr)
         torch.cuda.synchronize()
         return float("nan")
 
@@ -64,7 +68,7 @@ def run(quick: bool = False) -> list[Row]:
             for side, step in steps.items():
                 times[side].append(timed(step, graph))
         ours_ms, torch_ms = statistics.median(times["ours"]), statistics.median(times["torch"])
-        if graph and (ours_ms != ours_ms or torch_ms != torch_ms):  # NaN: one side did not capture
+        if graph and (math.isnan(ours_ms) or math.isnan(torch_ms)):  # one side did not capture
             continue
         rows.append(Row(
             suite="resnet50_step",
