@@ -32,9 +32,11 @@ def cli(debug):
 
 
 @cli.command()
-@click.option("--epochs", type=click.IntRange(min=1), default=None, show_default="4",
+# The defaults are nnkernels.demo's DEFAULT_EPOCHS and DEFAULT_BATCH_SIZE, written out so that
+# `--help` need not import the kernels (tests/test_demo.py checks they agree).
+@click.option("--epochs", type=click.IntRange(min=1), default=4, show_default=True,
               help="Passes over the training set.")
-@click.option("--batch-size", type=click.IntRange(min=2), default=None, show_default="128",
+@click.option("--batch-size", type=click.IntRange(min=2), default=128, show_default=True,
               help="Images per training step.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: the GPU when there is one, else the CPU through Triton's interpreter.")

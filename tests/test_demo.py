@@ -2,9 +2,16 @@
 and the nnkernels network tracking its torch twin step for step."""
 import json
 
+import click
 import pytest
 
-from nnkernels.cli import main
+from nnkernels import demo
+from nnkernels.cli import cli, main
+
+
+def test_command_defaults_are_the_demo_defaults():
+    options = {p.name: p.default for p in cli.commands["demo"].params if isinstance(p, click.Option)}
+    assert (options["epochs"], options["batch_size"]) == (demo.DEFAULT_EPOCHS, demo.DEFAULT_BATCH_SIZE)
 
 
 def test_tiny_demo_trains_both_networks_and_writes_its_files(capsys, tmp_path):
