@@ -1,0 +1,188 @@
+"""Determinism: every kernel the functional ops choose gives bitwise-identical results run to run.
+
+Each case runs one functional op forward and backward three times on the same inputs (the first
+call also picks and tunes the kernels) and requires every output and gradient to be bitwise equal
+across the runs. The kernels each run launches are read from the "nnkernels" debug log; a case
+must launch the kernels it names (so every path is really taken: split and fused batch norm, the
+multi-chunk eval reduction, the split weight gradient), and `test_cases_cover_every_kernel_the_ops_choose`
+checks, without a GPU, that together the cases name every kernel class the functional ops list.
+
+The seed kernels (Conv2dBackward, Avgpool2dBackward scatter with atomics, so their fp additions
+land in a run-dependent order) are non-deterministic by design and excluded: the functional ops
+never choose them, which every case checks too.
+
+On the GPU the cases use shapes that take the GPU's plans (`gpu`). On the CPU the same code runs
+on tiny shapes (`cpu`) of one case per op, as a dry run of this file's logic: the interpreter runs
+programs one by one, so there it proves the harness, not the kernels.
+"""
+import importlib
+import logging
+import re
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from support import DEVICE, INTERPRETED, gpu
+
+from nnkernels.kernel import catalogue
+
+# The op modules (the package re-exports the functions under the same names, hence import_module).
+conv_module = importlib.import_module("nnkernels.functional.conv2d")
+pool_module = importlib.import_module("nnkernels.functional.avg_pool2d")
+bn_module = importlib.import_module("nnkernels.functional.batch_norm")
+
+RUNS = 3
+CLASSES = {cls.__name__: cls for cls in catalogue()}
+OP_KERNELS = {"conv2d": conv_module.KERNELS, "avg_pool2d": pool_module.KERNEL_CLASSES,
+              "batch_norm": bn_module.KERNEL_CLASSES}
+
+
+@dataclass
+class Case:
+    op: str
+    gpu: dict  # keyword arguments of `make_inputs` on the GPU
+    cpu: dict  # and for the CPU dry run
+    expects: tuple  # kernel class names a GPU run must launch
+    options: dict = field(default_factory=dict)
+    dtype: torch.dtype = torch.float32
+
+
+CONV_NCHW = ("Conv2dGemmForward", "Conv2dGemmDx", "Conv2dGemmDw", "Conv2dDwReduce")
+CONV_CL = ("Conv2dGemmClForward", "Conv2dGemmClDw", "Conv2dDwReduce")  # channels multiple of 16, groups 1
+CONV_DEPTHWISE = ("Conv2dDepthwiseForward", "Conv2dDepthwiseDx", "Conv2dDepthwiseDw", "Conv2dDwReduce")
+BN_FUSED = ("BatchNorm2dTrainForwardFused", "BatchNorm2dTrainBackwardFused", "BatchNorm2dUpdateRunningStats")
+BN_SPLIT = ("BatchNorm2dPartialStats", "BatchNorm2dTrainNormalize", "BatchNorm2dPartialGradSums",
+            "BatchNorm2dTrainBackwardDx", "BatchNorm2dUpdateRunningStats")
+
+CASES = {
+    # conv2d: implicit GEMM on channels-last copies (dx through the forward kernel at stride 1, the dx kernel
+    # otherwise), on NCHW (channels not multiples of 16, or groups), depthwise; dw split into fp32 partials.
+    "conv2d-cl-fp32": Case("conv2d", dict(x=(8, 32, 28, 28), w=(64, 32, 3, 3)), dict(x=(1, 16, 4, 4), w=(16, 16, 3, 3)),
+                           CONV_CL, dict(padding=1, bias=True)),
+    "conv2d-cl-strided-fp16": Case("conv2d", dict(x=(16, 64, 56, 56), w=(128, 64, 1, 1)),
+                                   dict(x=(1, 16, 4, 4), w=(16, 16, 1, 1)), CONV_CL + ("Conv2dGemmDx",),
+                                   dict(stride=2), torch.float16),
+    "conv2d-nchw-fp32": Case("conv2d", dict(x=(8, 24, 28, 28), w=(40, 24, 3, 3)), dict(x=(2, 3, 5, 5), w=(4, 3, 3, 3)),
+                             CONV_NCHW, dict(padding=1, bias=True)),
+    "conv2d-nchw-grouped-dilated-bf16": Case("conv2d", dict(x=(4, 48, 20, 20), w=(96, 12, 3, 3)),
+                                             dict(x=(1, 4, 6, 6), w=(4, 1, 3, 3)), CONV_NCHW,
+                                             dict(padding=2, dilation=2, groups=4, bias=True), torch.bfloat16),
+    "conv2d-depthwise": Case("conv2d", dict(x=(8, 64, 28, 28), w=(64, 1, 3, 3)), dict(x=(2, 3, 5, 5), w=(3, 1, 3, 3)),
+                             CONV_DEPTHWISE, dict(padding=1, groups="C", bias=True)),
+    "conv2d-depthwise-bf16": Case("conv2d", dict(x=(32, 32, 56, 56), w=(32, 1, 5, 5)),
+                                  dict(x=(2, 3, 5, 5), w=(3, 1, 5, 5)), CONV_DEPTHWISE,
+                                  dict(padding=2, stride=2, groups="C"), torch.bfloat16),
+    # avg_pool2d: gather backward (no atomics).
+    "avg_pool2d": Case("avg_pool2d", dict(x=(32, 64, 56, 56)), dict(x=(2, 3, 6, 6)),
+                       ("AvgPool2dGatherForward", "AvgPool2dGatherBackward"),
+                       dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
+    "avg_pool2d-bf16-overlapping": Case("avg_pool2d", dict(x=(16, 32, 33, 31)), dict(x=(1, 2, 7, 5)),
+                                        ("AvgPool2dGatherForward", "AvgPool2dGatherBackward"),
+                                        dict(kernel_size=(3, 2), stride=1, padding=1), torch.bfloat16),
+    # batch_norm: one tile per channel (fused kernels) and split into chunks (partials in a fixed order).
+    "batch_norm-train-fused": Case("batch_norm", dict(x=(4, 64, 16, 16)), dict(x=(2, 3, 4, 4)), BN_FUSED,
+                                   dict(training=True)),
+    "batch_norm-train-split": Case("batch_norm", dict(x=(32, 16, 32, 32)), dict(x=(2, 3, 4, 4)), BN_SPLIT,
+                                   dict(training=True)),
+    "batch_norm-train-split-bf16": Case("batch_norm", dict(x=(64, 8, 56, 56)), dict(x=(2, 3, 4, 4)), BN_SPLIT,
+                                        dict(training=True), torch.bfloat16),
+    "batch_norm-eval-one-chunk": Case("batch_norm", dict(x=(4, 64, 16, 16)), dict(x=(2, 3, 4, 4)),
+                                      ("BatchNorm2dEvalForward", "BatchNorm2dEvalBackward"), dict(training=False)),
+    "batch_norm-eval-chunks": Case("batch_norm", dict(x=(32, 16, 32, 32)), dict(x=(2, 3, 4, 4)),
+                                   ("BatchNorm2dEvalForward", "BatchNorm2dEvalBackward", "BatchNorm2dSumPartials"),
+                                   dict(training=False), torch.float16),
+}
+
+
+def make_inputs(case, sizes):
+    """Leaves (x and parameters, in case.dtype; batch-norm parameters fp32) from a fixed seed."""
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape, dtype=case.dtype):
+        return torch.randn(shape, generator=generator).to(device=DEVICE, dtype=dtype).requires_grad_()
+
+    x = rand(*sizes["x"])
+    if case.op == "conv2d":
+        return [x, rand(*sizes["w"])] + ([rand(sizes["w"][0])] if case.options.get("bias") else [])
+    if case.op == "batch_norm":
+        return [x, rand(x.shape[1], dtype=torch.float32), rand(x.shape[1], dtype=torch.float32)]
+    return [x]
+
+
+def run_once(case, leaves, dy_seed=1):
+    """One forward and backward on fresh copies of the running statistics; returns every output and gradient."""
+    for leaf in leaves:
+        leaf.grad = None
+    x = leaves[0]
+    if case.op == "conv2d":
+        options = {k: v for k, v in case.options.items() if k != "bias"}
+        if options.get("groups") == "C":
+            options["groups"] = x.shape[1]
+        bias = leaves[2] if len(leaves) > 2 else None
+        y = conv_module.conv2d(x, leaves[1], bias, **options)
+        extra = []
+    elif case.op == "avg_pool2d":
+        y = pool_module.avg_pool2d(x, **case.options)
+        extra = []
+    else:
+        C = x.shape[1]
+        running_mean = torch.linspace(-1, 1, C, device=DEVICE)
+        running_var = torch.linspace(0.5, 2, C, device=DEVICE)
+        y = bn_module.batch_norm(x, running_mean, running_var, leaves[1], leaves[2], momentum=0.1, eps=1e-5,
+                                 **case.options)
+        extra = [running_mean, running_var]
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(dy_seed)).to(device=DEVICE, dtype=y.dtype)
+    y.backward(dy)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    return [y.detach()] + [leaf.grad for leaf in leaves] + extra
+
+
+def launched_classes(records):
+    """Kernel class names whose ids (`<function name>__<dtype>__...`) appear in the log records."""
+    text = "\n".join(record.getMessage() for record in records)
+    return {name for name, cls in CLASSES.items() if re.search(rf"(?<![a-z0-9_]){cls.name}__", text)}
+
+
+def check_case(case, sizes, caplog, expect_kernels):
+    leaves = make_inputs(case, sizes)
+    runs = []
+    with caplog.at_level(logging.DEBUG, logger="nnkernels"):
+        for _ in range(RUNS if expect_kernels else 2):
+            runs.append(run_once(case, leaves))
+    launched = launched_classes(caplog.records)
+    seeds = {name for name in launched if CLASSES[name].seed}
+    assert not seeds, f"the functional op chose seed (atomic) kernels {seeds}"
+    allowed = {cls.__name__ for cls in OP_KERNELS[case.op]}
+    assert launched and launched <= allowed, f"launched {launched}; {case.op} lists {allowed}"
+    if expect_kernels:
+        missing = set(case.expects) - launched
+        assert not missing, f"case did not take its path: {missing} not launched (launched {sorted(launched)})"
+    names = ["y"] + [f"grad{i}" for i in range(len(leaves))] + ["running_mean", "running_var"]
+    for run in runs[1:]:
+        for name, first, again in zip(names, runs[0], run):
+            assert first is not None and again is not None, f"{name}: missing"
+            assert torch.equal(first, again), (
+                f"{name}: run-to-run difference, max |diff| {(first.float() - again.float()).abs().max().item()}"
+            )
+
+
+@gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_backward_is_bitwise_deterministic(name, caplog):
+    case = CASES[name]
+    check_case(case, case.gpu, caplog, expect_kernels=True)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the dry run on tiny shapes is for the CPU; the GPU runs the cases above")
+@pytest.mark.parametrize("name", ["conv2d-nchw-fp32", "avg_pool2d", "batch_norm-train-fused", "batch_norm-eval-one-chunk"])
+def test_dry_run_on_the_cpu(name, caplog):
+    case = CASES[name]
+    check_case(case, case.cpu, caplog, expect_kernels=False)
+
+
+def test_cases_cover_every_kernel_the_ops_choose():
+    chosen = {cls.__name__ for classes in OP_KERNELS.values() for cls in classes}
+    named = {name for case in CASES.values() for name in case.expects}
+    assert named == chosen, f"kernels no case takes: {chosen - named}; names no op lists: {named - chosen}"
+    assert not any(CLASSES[name].seed for name in chosen)
