@@ -220,11 +220,12 @@ def dw_candidates(m: int, n: int, pixels: int, groups: int, dtype: torch.dtype) 
 
 def depthwise_config(batch: int, channels: int, pixels: int) -> Config:
     """Depthwise kernels (memory-bound, heuristic only): `block_m` pixels per forward/dx program;
-    for dw, `block_n` pixels per step (its tile holds all taps, so it is smaller) and `split`
-    batch slices so that about four programs per SM run."""
+    for dw, `block_n` pixels per step (its tile holds all taps, so it is smaller) and `split`:
+    one image per program (partial rows are only C*(KH*KW+1) floats each), so there are B*C
+    short programs to hide memory latency with, not C long ones."""
     if INTERPRETED:
         return Config(_clamp_pow2(pixels, 16, 4096), _clamp_pow2(pixels, 16, 4096), 1, 4, 1, 1)
-    split = max(1, min(batch, -(-4 * _num_sms() // channels)))
+    split = batch
     return Config(_clamp_pow2(pixels, 64, 1024), _clamp_pow2(pixels, 64, 256), 1, 4, 2, split)
 
 

@@ -101,7 +101,7 @@ def _seed_launchers(layer, x, w, dy):
     return seed_forward, seed_backward
 
 
-def _compile_worker(layer_index, dtype_name, tf32, quick):
+def _compile_worker(layer_index, dtype_name, tf32, quick, seed):
     """In a worker process: compile (by launching once) every kernel the row may use; time nothing."""
     os.environ["NNKERNELS_TUNE"] = "off"
     from ..functional.conv2d import precompile
@@ -111,17 +111,17 @@ def _compile_worker(layer_index, dtype_name, tf32, quick):
     x, w, dy = _tensors(layer, getattr(torch, dtype_name))
     stride, padding, dilation, groups = _conv_args(layer)
     precompile(x, w, stride, padding, dilation, groups, full=not quick)
-    for seed_launch in _seed_launchers(layer, x, w, dy):
+    for seed_launch in _seed_launchers(layer, x, w, dy) if seed else ():
         seed_launch()
     torch.cuda.synchronize()
     return layer.name
 
 
-def _precompile_all(quick):
-    jobs = [(i, str(dtype).split(".")[-1], tf32) for i in range(len(SUITE)) for _, dtype, tf32 in PRECISIONS]
+def _precompile_all(quick, layers, precisions, seed):
+    jobs = [(SUITE.index(layer), str(dtype).split(".")[-1], tf32) for layer in layers for _, dtype, tf32 in precisions]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(WORKERS, mp_context=context) as pool:
-        for future in [pool.submit(_compile_worker, *job, quick) for job in jobs]:
+        for future in [pool.submit(_compile_worker, *job, quick, seed) for job in jobs]:
             future.result()
 
 
@@ -150,24 +150,28 @@ def _row(layer, label, direction, ours, reference, seed, work):
     return harness.Row("conv2d", layer.name, label, direction, ours_ms, torch_ms, work, "TFLOP/s", extra)
 
 
-def run(quick: bool = False) -> list[harness.Row]:
+def run(quick: bool = False, layers=None, precisions=None, seed: bool = True) -> list[harness.Row]:
     """The issue-3 suite (module docstring); `quick` tunes over the quick config set and times
-    the seed only where its precision differs."""
+    the seed only where its precision differs. `layers` / `precisions` (names) pick a subset;
+    `seed=False` leaves the seed column out."""
     harness.require_gpu()
+    layers = [layer for layer in SUITE if layers is None or layer.name in layers]
+    precisions = [p for p in PRECISIONS if precisions is None or p[0] in precisions]
     os.environ["NNKERNELS_TUNE"] = "quick" if quick else "full"
     from .. import functional  # noqa: F401
     from ..functional import conv2d as _register  # noqa: F401  (registers torch.ops.nnkernels.conv2d*)
 
-    _precompile_all(quick)
+    _precompile_all(quick, layers, precisions, seed)
     rows = []
     previous_tf32 = torch.backends.cudnn.allow_tf32
     try:
-        for label, dtype, tf32 in PRECISIONS:
+        for label, dtype, tf32 in precisions:
             torch.backends.cudnn.allow_tf32 = tf32
-            for layer in SUITE:
+            for layer in layers:
                 x, w, dy = _tensors(layer, dtype)
                 stride, padding, dilation, groups = _conv_args(layer)
-                seeds = _seed_launchers(layer, x, w, dy) if not (quick and label == "fp32-ieee") else (None, None)
+                timed_seed = seed and not (quick and label == "fp32-ieee")
+                seeds = _seed_launchers(layer, x, w, dy) if timed_seed else (None, None)
                 rows.append(_row(
                     layer, label, "forward",
                     lambda: torch.ops.nnkernels.conv2d(x, w, None, stride, padding, dilation, groups),
@@ -192,8 +196,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python3 -m nnkernels.bench.conv2d", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for conv2d.csv and conv2d.png")
     parser.add_argument("--quick", action="store_true", help="quick tuning; seed timed in fewer rows")
+    parser.add_argument("--layers", help="comma-separated layer names (default: the whole suite)")
+    parser.add_argument("--precisions", help="comma-separated: bf16, fp32-tf32, fp32-ieee (default: all)")
+    parser.add_argument("--no-seed", action="store_true", help="leave the seed kernels' column out")
     args = parser.parse_args(argv)
-    rows = run(quick=args.quick)
+    rows = run(quick=args.quick, layers=args.layers.split(",") if args.layers else None,
+               precisions=args.precisions.split(",") if args.precisions else None, seed=not args.no_seed)
     title = "conv2d: nnkernels vs PyTorch/cuDNN, NCHW"
     harness.write_csv(rows, args.out / "conv2d.csv")
     harness.plot(rows, args.out / "conv2d.png", title)

@@ -225,7 +225,8 @@ class _Problem:
     def dx_candidates(self):
         s_h, s_w = self.geometry[2:4]
         pixels = self.B * -(-self.H // s_h) * -(-self.W // s_w)
-        return tuning.gemm_candidates(pixels, self.cin_per_group, self.C_OUT // self.groups, self.dtype)
+        return tuning.gemm_candidates(pixels, self.cin_per_group, self.C_OUT // self.groups * self.KH * self.KW,
+                                      self.dtype)
 
     def dw_candidates(self):
         return tuning.dw_candidates(self.C_OUT // self.groups, self.cin_per_group * self.KH * self.KW,

@@ -4,8 +4,8 @@ Gather form: each program owns a tile of dx and sums into it every (c_out, kh, k
 reaches it, so no two programs write the same element. With stride s an input row ih is reached
 by tap kh only when (ih + PAD_H - kh*DIL_H) is a multiple of s, and which taps those are depends
 only on ih mod s. So the programs split the pixels by their phase (ih mod s, iw mod s): within a
-program the set of contributing taps is the same for every pixel, and taps that never contribute
-are skipped whole instead of being multiplied by zero.
+program the contributing taps are the same for every pixel, and the K loop runs over those taps
+only (one loop over taps x channels, so it pipelines), instead of multiplying by zero.
 """
 import triton
 import triton.language as tl
@@ -38,9 +38,10 @@ def conv2d_gemm_dx(
     tile pm that lie in the image, and the BLOCK_N channels c_in = g*(C_IN/G) + n of tile pn:
         dx = sum over (c_out_local, kh, kw) of dy[b, g*(C_OUT/G) + c_out_local, oh, ow] * w[c_out, n, kh, kw],
         oh = (ih + PAD_H - kh*DIL_H) / STRIDE_H, ow = (iw + PAD_W - kw*DIL_W) / STRIDE_W,
-    over the taps where both divisions are exact and (oh, ow) lies in dy. Tensor-core products
-    (TF32 for fp32 when TF32), fp32 accumulation, dx rounded once; every element of dx is written
-    (0 where no tap reaches it).
+    over the taps where both divisions are exact and (oh, ow) lies in dy. Those taps are, per axis,
+    an arithmetic progression (first, first + step, ...); K runs over (tap pairs, c_out_local) in
+    BLOCK_K slices. Tensor-core products (TF32 for fp32 when TF32), fp32 accumulation, dx rounded
+    once; every element of dx is written (0 where no tap reaches it).
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -51,6 +52,30 @@ def conv2d_gemm_dx(
     cin_per_group = C_IN // G
     cout_per_group = C_OUT // G
     taps: tl.constexpr = KH * KW
+    # The taps reaching this phase: kh*DIL_H = phase_h + PAD_H (mod STRIDE_H), an arithmetic progression.
+    count_h = phase_h * 0
+    first_h = phase_h * 0
+    second_h = phase_h * 0
+    for kh in tl.static_range(KH):
+        hit = (phase_h + PAD_H - kh * DIL_H) % STRIDE_H == 0
+        first_h = tl.where(hit & (count_h == 0), kh, first_h)
+        second_h = tl.where(hit & (count_h == 1), kh, second_h)
+        count_h += hit.to(tl.int32)
+    count_w = phase_w * 0
+    first_w = phase_w * 0
+    second_w = phase_w * 0
+    for kw in tl.static_range(KW):
+        hit = (phase_w + PAD_W - kw * DIL_W) % STRIDE_W == 0
+        first_w = tl.where(hit & (count_w == 0), kw, first_w)
+        second_w = tl.where(hit & (count_w == 1), kw, second_w)
+        count_w += hit.to(tl.int32)
+    step_h = tl.maximum(second_h - first_h, 1)
+    step_w = tl.maximum(second_w - first_w, 1)
+    # Tap (first + t*step) reads dy at oh = row + shift - t*(step*DIL/STRIDE): exact divisions.
+    shift_h = (phase_h + PAD_H - first_h * DIL_H) // STRIDE_H
+    shift_w = (phase_w + PAD_W - first_w * DIL_W) // STRIDE_W
+    delta_h = step_h * DIL_H // STRIDE_H
+    delta_w = step_w * DIL_W // STRIDE_W
     rows_per_phase = tl.cdiv(H, STRIDE_H)
     cols_per_phase = tl.cdiv(W, STRIDE_W)
     pixels_per_image = rows_per_phase * cols_per_phase
@@ -62,43 +87,35 @@ def conv2d_gemm_dx(
     iw = phase_w + col * STRIDE_W
     pixel_ok = (pixel < B * pixels_per_image) & (ih < H) & (iw < W)
     ohw = OH * OW
-    # dy offset of (b, first channel of the group, row, col): each tap shifts it by a constant.
-    dy_pixel = (b.to(tl.int64) * C_OUT + group * cout_per_group) * ohw + row * OW + col
+    oh_first = row + shift_h
+    ow_first = col + shift_w
+    # dy offset of (b, first channel of the group, oh_first, ow_first); masked where outside dy.
+    dy_pixel = (b.to(tl.int64) * C_OUT + group * cout_per_group) * ohw + oh_first * OW + ow_first
     c_in = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_in_ok = c_in < cin_per_group
     w_column = c_in * taps
+    k_total = count_h * count_w * cout_per_group
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for kh in tl.static_range(KH):
-        for kw in tl.static_range(KW):
-            reach_h = phase_h + PAD_H - kh * DIL_H
-            reach_w = phase_w + PAD_W - kw * DIL_W
-            # The whole program's pixels share one phase, so a tap reaches all of them or none.
-            if (reach_h % STRIDE_H == 0) & (reach_w % STRIDE_W == 0):
-                shift_h = reach_h // STRIDE_H
-                shift_w = reach_w // STRIDE_W
-                oh = row + shift_h
-                ow = col + shift_w
-                tap_ok = pixel_ok & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
-                dy_tap = dy_pixel + (shift_h * OW + shift_w)
-                for c_out_first in range(0, cout_per_group, BLOCK_K):
-                    c_out = c_out_first + tl.arange(0, BLOCK_K)
-                    c_out_ok = c_out < cout_per_group
-                    # [c_out, pixels]: the pixel axis, contiguous in NCHW, is the fastest one.
-                    dy_tile = tl.load(
-                        dy + (c_out * ohw)[:, None] + dy_tap[None, :],
-                        mask=c_out_ok[:, None] & tap_ok[None, :],
-                        other=0.0,
-                    )
-                    w_row = (group * cout_per_group + c_out) * (cin_per_group * taps) + (kh * KW + kw)
-                    w_tile = tl.load(
-                        w + w_row[:, None] + w_column[None, :],
-                        mask=c_out_ok[:, None] & c_in_ok[None, :],
-                        other=0.0,
-                    )
-                    if TF32:
-                        acc = tl.dot(tl.trans(dy_tile), w_tile, acc, input_precision="tf32")
-                    else:
-                        acc = tl.dot(tl.trans(dy_tile), w_tile, acc, input_precision="ieee")
+    for k_first in range(0, k_total, BLOCK_K):
+        k = k_first + tl.arange(0, BLOCK_K)
+        k_ok = k < k_total
+        c_out = k % cout_per_group
+        tap_pair = k // cout_per_group
+        t_h = tap_pair // count_w
+        t_w = tap_pair % count_w
+        oh = oh_first[None, :] - (t_h * delta_h)[:, None]
+        ow = ow_first[None, :] - (t_w * delta_w)[:, None]
+        inside = (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW) & k_ok[:, None] & pixel_ok[None, :]
+        dy_k = c_out * ohw - t_h * delta_h * OW - t_w * delta_w
+        # [K, pixels]: the pixel axis, contiguous in NCHW, is the fastest one.
+        dy_tile = tl.load(dy + dy_pixel[None, :] + dy_k[:, None], mask=inside, other=0.0)
+        w_k = (group * cout_per_group + c_out) * (cin_per_group * taps) + (first_h + t_h * step_h) * KW \
+            + first_w + t_w * step_w
+        w_tile = tl.load(w + w_k[:, None] + w_column[None, :], mask=k_ok[:, None] & c_in_ok[None, :], other=0.0)
+        if TF32:
+            acc = tl.dot(tl.trans(dy_tile), w_tile, acc, input_precision="tf32")
+        else:
+            acc = tl.dot(tl.trans(dy_tile), w_tile, acc, input_precision="ieee")
     dx_pixel = b.to(tl.int64) * C_IN * H * W + ih * W + iw
     dx_channel = (group * cin_per_group + c_in).to(tl.int64) * H * W
     tl.store(
