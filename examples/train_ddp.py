@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node=2 examples/train_ddp.py [--steps 20] [--batch-size 64] [--amp]
 
-One process per GPU (NCCL). `nnkernels.nn.convert` swaps the model's convolutions, batch
+One process per GPU, through NCCL (`--backend gloo` lets ranks share a GPU, to try it on one). `nnkernels.nn.convert` swaps the model's convolutions, batch
 norms and poolings for nnkernels layers before DDP wraps it; nothing else changes. Each
 rank trains on its shard of a global batch drawn from a seeded generator, so a run is
 reproducible and `tests/test_ddp.py` can replay it in a single process.
@@ -47,6 +47,7 @@ def shard(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch, split evenly over ranks")
     parser.add_argument("--image-size", type=int, default=128)
@@ -62,13 +63,12 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared hosts
-    dist.init_process_group("nccl")
+    dist.init_process_group(args.backend)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if args.batch_size % world_size:
         raise SystemExit(f"--batch-size: expected a multiple of the {world_size} ranks, got {args.batch_size}")
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
     if args.no_tf32:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -76,7 +76,7 @@ def main(argv=None):
     model = build_model(args.seed).to(device)
     if rank == 0:
         print(model.nnkernels_summary, flush=True)
-    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
     optimiser = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     for step in range(args.steps):
         images, labels = global_batch(step, args.seed, args.batch_size, args.image_size)

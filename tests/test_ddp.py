@@ -1,5 +1,6 @@
-"""examples/train_ddp.py under torchrun on two GPUs: one step gives the same parameters on both
-ranks, and the same as one process stepping over the same global batch."""
+"""examples/train_ddp.py under torchrun, two ranks: one step gives the same parameters on both
+ranks, and the same as one process stepping over the same global batch. NCCL with one GPU per
+rank (skipped with fewer than 2 GPUs); gloo with both ranks on one GPU (any CUDA machine)."""
 import importlib.util
 import os
 import subprocess
@@ -18,10 +19,11 @@ GLOBAL_BATCH = 8
 IMAGE_SIZE = 64
 LR = 0.1
 
-pytestmark = pytest.mark.skipif(
-    INTERPRETED or not torch.cuda.is_available() or torch.cuda.device_count() < WORLD_SIZE,
-    reason="needs 2 CUDA devices",
-)
+GPUS = 0 if INTERPRETED or not torch.cuda.is_available() else torch.cuda.device_count()
+BACKENDS = [
+    pytest.param("nccl", marks=pytest.mark.skipif(GPUS < WORLD_SIZE, reason="needs 2 CUDA devices")),
+    pytest.param("gloo", marks=pytest.mark.skipif(GPUS < 1, reason="needs a CUDA device")),
+]
 
 
 def load_example():
@@ -52,12 +54,13 @@ def single_process_step(example, seed):
     return {name: t.cpu() for name, t in before.items()}, after
 
 
-def test_one_ddp_step_matches_single_process(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_ddp_step_matches_single_process(tmp_path, backend):
     seed = 3
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD_SIZE}",
-               str(SCRIPT), "--steps", "1", "--batch-size", str(GLOBAL_BATCH), "--image-size", str(IMAGE_SIZE),
+               str(SCRIPT), "--backend", backend, "--steps", "1", "--batch-size", str(GLOBAL_BATCH), "--image-size", str(IMAGE_SIZE),
                "--lr", str(LR), "--seed", str(seed), "--no-tf32", "--save-params", str(tmp_path)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
