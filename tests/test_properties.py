@@ -92,12 +92,17 @@ def check_grads(inputs, outputs_fn, ref_fn, dtype, tol, generator, grad_floor=No
 
 @st.composite
 def conv_problems(draw):
-    depthwise = draw(st.booleans())
-    groups = draw(st.integers(1, 3))
-    cin_per_group = 1 if depthwise else draw(st.integers(1, MAX_CHANNELS))
-    cout_per_group = 1 if depthwise else draw(st.integers(1, MAX_CHANNELS))
-    if depthwise:
-        groups = draw(st.integers(1, MAX_CHANNELS))
+    # The op has three paths: depthwise; channels-last implicit GEMM (groups 1, channels multiple of 16);
+    # NCHW implicit GEMM (everything else).
+    path = draw(st.sampled_from(["depthwise", "channels-last", "nchw"]))
+    if path == "depthwise":
+        groups, cin_per_group, cout_per_group = draw(st.integers(1, MAX_CHANNELS)), 1, 1
+    elif path == "channels-last":
+        groups = 1
+        cin_per_group, cout_per_group = (16 * draw(st.integers(1, 4 if LARGE else 2)) for _ in range(2))
+    else:
+        groups = draw(st.integers(1, 3))
+        cin_per_group, cout_per_group = (draw(st.integers(1, MAX_CHANNELS)) for _ in range(2))
     kernel = [draw(st.integers(1, 5)) for _ in range(2)]
     stride = [draw(st.integers(1, 3)) for _ in range(2)]
     dilation = [draw(st.integers(1, 2)) for _ in range(2)]
