@@ -152,12 +152,12 @@ def choose(kind: str, key, candidates: list[Config], run) -> Config:
 
 # ---- The config sets: the heuristic's guess first, then the alternatives tuning may time. ----
 
-def _pow2_at_least(n: int) -> int:
+def pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _clamp_pow2(n: int, low: int, high: int) -> int:
-    return max(low, min(high, _pow2_at_least(n)))
+    return max(low, min(high, pow2_at_least(n)))
 
 
 def _num_sms() -> int:

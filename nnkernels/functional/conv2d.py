@@ -176,7 +176,7 @@ class _Problem:
         self.OW = _output_size(self.W, self.KW, stride[1], padding[1], dilation[1])
         self.groups, self.dtype, self.has_bias = groups, dtype, has_bias
         self.geometry = (self.KH, self.KW, *stride, *padding, *dilation)
-        self.stride, self.padding, self.dilation = stride, padding, dilation
+        self.dilation = dilation
         self.depthwise = _is_depthwise(self.C_IN, self.C_OUT, groups)
         self.channels_last = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
                               and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
@@ -255,7 +255,7 @@ class _Problem:
 
     def dw_kernel(self, config, with_bias):
         if self.depthwise:
-            taps = tuning._pow2_at_least(self.KH * self.KW)
+            taps = tuning.pow2_at_least(self.KH * self.KW)
             return _kernel(Conv2dDepthwiseDw, self.geometry + (with_bias, taps, config.block_n), self.dtype,
                            config.num_warps, config.num_stages)
         constants = self.geometry + (self.groups, with_bias, self.tf32, config.block_m, config.block_n,
