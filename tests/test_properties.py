@@ -1,7 +1,8 @@
 """Property-based tests: hypothesis draws shapes and options, each functional op must match
 PyTorch in float64 (forward, backward and, for batch norm, the running statistics).
 
-The drawn space covers 1x1 images, batch 1, channel counts that are multiples of nothing,
+The drawn space covers 1x1 images, batch 1, channel counts that are multiples of nothing (and,
+for the channels-last convolution path, multiples of 16),
 kernels as large as the padded input, strides, paddings, dilations, groups (depthwise
 included), ceil_mode, count_include_pad, divisor_override, 3-D (unbatched) and 2-D input, and
 fp32/fp16/bf16. Data is fresh random normal (never zeros), seeded by hypothesis so a failure
@@ -11,9 +12,10 @@ torch.nn.functional; tolerance: support.TOLERANCE on ||out - ref|| / ||ref||.
 Profiles, chosen by NNKERNELS_HYPOTHESIS_PROFILE:
 - "ci" (default): few examples of small shapes, for the interpreter in CI (under 60 CPU-seconds
   for this file on 2 cores);
-- "gpu": many examples of larger shapes, for a run on the GPU
-  (`NNKERNELS_HYPOTHESIS_PROFILE=gpu NNKERNELS_TUNE=off pytest tests/test_properties.py`;
-  NNKERNELS_TUNE=off spares the 2 s of block-size tuning per new shape, the kernels are the same).
+- "gpu": more examples of larger shapes, for a run on the GPU
+  (`NNKERNELS_HYPOTHESIS_PROFILE=gpu NNKERNELS_TUNE=off pytest -n 3 tests/test_properties.py`;
+  NNKERNELS_TUNE=off spares the tuning of each new shape, which would compile and time several
+  block sizes; -n 3 runs the three ops' tests side by side).
 fp32 convolutions on the GPU follow torch.backends.cudnn.allow_tf32 (on by default) and are held
 to 2e-3, TF32's rounding; everything else to support.TOLERANCE.
 """
@@ -32,7 +34,9 @@ from nnkernels.functional.conv2d import conv2d
 COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
               print_blob=True)
 settings.register_profile("ci", max_examples=12, **COMMON)
-settings.register_profile("gpu", max_examples=150, **COMMON)
+# On the GPU nearly every conv example is a new set of constants, so a new compilation of ~3 kernels
+# (~1 s each): 40 examples (60 for the cheaper ops) keep the run to a few minutes.
+settings.register_profile("gpu", max_examples=40, **COMMON)
 PROFILE = os.environ.get("NNKERNELS_HYPOTHESIS_PROFILE", "ci")
 if PROFILE not in ("ci", "gpu"):
     raise ValueError(f"NNKERNELS_HYPOTHESIS_PROFILE: expected 'ci' or 'gpu', got {PROFILE!r}")
