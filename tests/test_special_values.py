@@ -254,3 +254,22 @@ def test_batch_norm_strided_parameters():
         ref = F.batch_norm(x.double().cpu(), running_mean.double().cpu(), running_var.double().cpu(),
                            w.double().cpu(), b.double().cpu(), training=training)
         assert_close(y, ref, tol=TOLERANCE[torch.float32])
+
+
+# ---- batch-norm statistics far from zero ----
+
+@pytest.mark.parametrize("offset, scale", [(1e3, 1e-2), (1e4, 1.0)], ids=["mean-1e3-std-1e-2", "mean-1e4-std-1"])
+def test_batch_norm_large_mean_small_variance(offset, scale):
+    """A naive E[x^2] - E[x]^2 loses every digit of the variance here; a constant channel (variance 0)
+    must normalise to exactly 0 (y = bias), where a variance rounded below 0 would give NaN."""
+    x = randn(4, 3, 8, 8) * scale + offset
+    x[:, 1] = offset + 0.25
+    w, b = randn(3), randn(3)
+    running_mean, running_var = torch.zeros(3, device=DEVICE), torch.ones(3, device=DEVICE)
+    y = batch_norm(x, running_mean, running_var, w, b, training=True)
+    ref_stats = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    ref = F.batch_norm(x.double().cpu(), *ref_stats, w.double().cpu(), b.double().cpu(), training=True)
+    assert_close(y, ref, tol=TOLERANCE[torch.float32])
+    assert torch.equal(y[:, 1].cpu(), b[1].cpu().expand(4, 8, 8)), "a constant channel must give y = bias"
+    assert_close(running_mean, ref_stats[0], tol=TOLERANCE[torch.float32])
+    assert_close(running_var, ref_stats[1], tol=TOLERANCE[torch.float32])
