@@ -38,13 +38,15 @@ def sample_images(batch, per_image):
     return sorted({b for b in (0, crossing - 1, crossing, batch - 1) if 0 <= b < batch})
 
 
-def chunks(batch, size=64):
+def chunks(batch, per_image, elements=2**27):
+    """Batch slices of about `elements` elements each (so that their float64 copies stay small)."""
+    size = max(1, elements // per_image)
     return [slice(start, min(start + size, batch)) for start in range(0, batch, size)]
 
 
-def channel_sums(tensor_fn, batch):
+def channel_sums(tensor_fn, batch, per_image):
     """sum over (b, h, w) of tensor_fn(batch slice) (float64), per channel, chunk by chunk."""
-    return sum(tensor_fn(part).sum(dim=(0, 2, 3)) for part in chunks(batch))
+    return sum(tensor_fn(part).sum(dim=(0, 2, 3)) for part in chunks(batch, per_image))
 
 
 @pytest.fixture
@@ -82,6 +84,8 @@ CONV_CASES = {
     "channels-last-3x3": (32, 32, 3, 1, 1, 1),
     "nchw-3x3-stride2": (24, 24, 3, 2, 1, 1),
     "depthwise-3x3": (32, 32, 3, 1, 1, 32),
+    # One input channel: more than 2**31 pixels (B*OH*OW), so the GEMM's pixel index itself passes 2**31.
+    "nchw-one-input-channel": (1, 2, 3, 1, 1, 1),
 }
 
 
@@ -95,15 +99,18 @@ def check_conv2d(batch, c_in, c_out, kernel, stride, padding, groups, hw):
     y.backward(dy)
     assert y.numel() > 0 and x.grad.shape == x.shape
     w32, b32 = w.detach().float(), b.detach().float()
-    for i in sample_images(batch, c_in * hw * hw):
+    # The images around 2**31 of x (and dx) and of y (and dy), whose images may differ in size.
+    images = sorted(set(sample_images(batch, c_in * hw * hw)) | set(sample_images(batch, y[0].numel())))
+    for i in images:
         x32 = x.detach()[i:i + 1].float()
         assert_close(y[i:i + 1], F.conv2d(x32, w32, b32, **options), tol=TOL)
         dx_ref = torch.nn.grad.conv2d_input(x32.shape, w32, dy[i:i + 1].float(), **options)
         assert_close(x.grad[i:i + 1], dx_ref, tol=TOL)
     dw_ref = torch.zeros(w.shape, device=DEVICE, dtype=torch.float64)
-    for part in chunks(batch):
+    per_image = max(c_in, c_out) * hw * hw
+    for part in chunks(batch, per_image):
         dw_ref += torch.nn.grad.conv2d_weight(x.detach()[part].float(), w.shape, dy[part].float(), **options).double()
-    db_ref = channel_sums(lambda part: dy[part].double(), batch)
+    db_ref = channel_sums(lambda part: dy[part].double(), batch, per_image)
     assert_close(w.grad, dw_ref, tol=TOL)
     assert_close(b.grad, db_ref, tol=TOL)
 
@@ -154,10 +161,11 @@ def check_batch_norm(batch, channels, hw, training):
     y.backward(dy)
 
     count = batch * hw * hw
+    per_image = channels * hw * hw
     xd = x.detach()
     if training:
-        mean = channel_sums(lambda p: xd[p].double(), batch) / count
-        var = channel_sums(lambda p: (xd[p].double() - mean.view(1, -1, 1, 1)) ** 2, batch) / count
+        mean = channel_sums(lambda p: xd[p].double(), batch, per_image) / count
+        var = channel_sums(lambda p: (xd[p].double() - mean.view(1, -1, 1, 1)) ** 2, batch, per_image) / count
         assert_close(running_mean, (1 - momentum) * start_mean.double() + momentum * mean, tol=1e-5)
         assert_close(running_var, (1 - momentum) * start_var.double() + momentum * var * count / (count - 1), tol=1e-5)
     else:
@@ -165,12 +173,12 @@ def check_batch_norm(batch, channels, hw, training):
         assert torch.equal(running_mean, start_mean) and torch.equal(running_var, start_var)
     rstd = (var + eps).rsqrt()
     shape = (1, -1, 1, 1)
-    sum_dy = channel_sums(lambda p: dy[p].double(), batch)
-    sum_dy_xmu = channel_sums(lambda p: dy[p].double() * (xd[p].double() - mean.view(shape)), batch)
+    sum_dy = channel_sums(lambda p: dy[p].double(), batch, per_image)
+    sum_dy_xmu = channel_sums(lambda p: dy[p].double() * (xd[p].double() - mean.view(shape)), batch, per_image)
     assert_close(bias.grad, sum_dy, tol=TOL)
     assert_close(weight.grad, sum_dy_xmu * rstd, tol=TOL)
     w64 = weight.detach().double()
-    for i in sample_images(batch, channels * hw * hw):
+    for i in sample_images(batch, per_image):
         xhat = (xd[i:i + 1].double() - mean.view(shape)) * rstd.view(shape)
         assert_close(y[i:i + 1], xhat * w64.view(shape) + bias.detach().double().view(shape), tol=TOL)
         dyi = dy[i:i + 1].double()
@@ -183,9 +191,13 @@ def check_batch_norm(batch, channels, hw, training):
 
 
 @gpu
-@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
-def test_batch_norm_past_2_31_elements(training, memory_budget):
-    channels = 32
+@pytest.mark.parametrize("channels, training", [
+    pytest.param(32, True, id="train"),
+    pytest.param(32, False, id="eval"),
+    # One channel: its B*HW values themselves number more than 2**31 (counts and sums must not wrap).
+    pytest.param(1, True, id="train-one-channel"),
+])
+def test_batch_norm_past_2_31_elements(channels, training, memory_budget):
     check_batch_norm(batch_past_limit(channels), channels, HW, training)
 
 
@@ -195,6 +207,7 @@ def test_batch_norm_past_2_31_elements(training, memory_budget):
 def test_dry_run_on_tiny_shapes(memory_budget):
     check_conv2d(3, 3, 4, 3, 2, 1, 1, hw=5)
     check_conv2d(2, 3, 3, 3, 1, 1, 3, hw=4)
+    check_conv2d(2, 1, 2, 3, 1, 1, 1, hw=4)
     check_avg_pool2d(3, 2, hw=5)
-    for training in (True, False):
-        check_batch_norm(3, 2, hw=4, training=training)
+    for channels, training in ((2, True), (2, False), (1, True)):
+        check_batch_norm(3, channels, hw=4, training=training)
