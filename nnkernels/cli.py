@@ -224,7 +224,7 @@ def main(argv=None):
     except click.exceptions.Abort:
         click.echo("nnkernels: aborted", err=True)
         code = 1
-    except Exception as err:  # noqa: BLE001  (every failure becomes one line, or a traceback with --debug)
+    except Exception as err:  # every failure becomes one line, or a traceback with --debug
         if _state["debug"]:
             traceback.print_exc()
         else:
