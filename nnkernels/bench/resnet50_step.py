@@ -72,7 +72,7 @@ def run(quick: bool = False) -> list[Row]:
             continue
         rows.append(Row(
             suite="resnet50_step",
-            case=f"resnet50 B{BATCH} {IMAGE_SIZE}px NCHW fwd+bwd+SGD",
+            case=f"resnet50 B{BATCH} {IMAGE_SIZE}px NCHW step {'graph' if graph else 'eager'}",
             dtype="bf16-autocast",
             direction="train-step",
             ours_ms=ours_ms,
