@@ -12,6 +12,7 @@ from nnkernels.ops.avg_pool2d_gather import (
     pooled_size,
     pooling_blocks,
     pooling_config,
+    row_align,
     uniform_divisor,
 )
 from support import DEVICE, DTYPES, assert_close, gpu, poisoned, randn
@@ -37,7 +38,8 @@ def _kernels(cls, x_shape, y_shape, kernel, stride, padding, cip, divisor, dtype
     uniform = uniform_divisor(options, H, W, OH, OW)
     backward = cls is AvgPool2dGatherBackward
     rows, cols = (x_shape[0] * x_shape[1] * H, W) if backward else (x_shape[0] * x_shape[1] * OH, OW)
-    return cls(*kernel, *stride, *padding, cip, divisor or 0, uniform, *pooling_blocks(rows, cols), dtype=dtype)
+    return cls(*kernel, *stride, *padding, cip, divisor or 0, uniform, row_align(cols), *pooling_blocks(rows, cols),
+               dtype=dtype)
 
 
 # Every case in fp32; the element types only change loads and stores, so two cases cover fp16/bf16.
@@ -77,29 +79,31 @@ def test_many_planes_per_program_and_ragged_tiles():
     ref = F.avg_pool2d(x64, 3, 2, 1, True, False)
     OH, OW = ref.shape[2:]
     y = poisoned(B, C, OH, OW)
-    AvgPool2dGatherForward(3, 3, 2, 2, 1, 1, False, 0, False, 8, 2).launch(x, y, B * C, H, W, OH, OW)
+    AvgPool2dGatherForward(3, 3, 2, 2, 1, 1, False, 0, False, 1, 8, 2).launch(x, y, B * C, H, W, OH, OW)
     assert_close(y, ref)
     dy = randn(B, C, OH, OW)
     ref.backward(dy.to(torch.float64))
     dx = poisoned(B, C, H, W)
-    AvgPool2dGatherBackward(3, 3, 2, 2, 1, 1, False, 0, False, 16, 4).launch(dy, dx, B * C, H, W, OH, OW)
+    AvgPool2dGatherBackward(3, 3, 2, 2, 1, 1, False, 0, False, 1, 16, 4).launch(dy, dx, B * C, H, W, OH, OW)
     assert_close(dx, x64.grad)
 
 
 def test_bad_launch_raises_and_writes_nothing():
     x = randn(1, 2, 6, 6)
     y = poisoned(1, 2, 3, 3)
-    forward = AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, True, 0, True, 16, 4)
+    forward = AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, True, 0, True, 1, 16, 4)
     with pytest.raises(ValueError, match="OH"):
         forward.launch(x, y, 2, 6, 6, 4, 3)
     with pytest.raises(ValueError, match="y"):
         forward.launch(x, poisoned(1, 2, 3, 2), 2, 6, 6, 3, 3)
     with pytest.raises(ValueError, match="uniform"):
-        AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, True, 0, False, 16, 4).launch(x, y, 2, 6, 6, 3, 3)
+        AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, True, 0, False, 1, 16, 4).launch(x, y, 2, 6, 6, 3, 3)
     with pytest.raises(ValueError, match="pad_h"):
-        AvgPool2dGatherForward(2, 2, 2, 2, 2, 0, True, 0, False, 16, 4).launch(x, y, 2, 6, 6, 3, 3)
+        AvgPool2dGatherForward(2, 2, 2, 2, 2, 0, True, 0, False, 1, 16, 4).launch(x, y, 2, 6, 6, 3, 3)
+    with pytest.raises(ValueError, match="row_align"):
+        AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, True, 0, True, 2, 16, 4).launch(x, y, 2, 6, 6, 3, 3)
     with pytest.raises(TypeError, match="count_include_pad"):
-        AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, 1, 0, True, 16, 4)
+        AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, 1, 0, True, 1, 16, 4)
     assert torch.isnan(y).all()
 
 
@@ -116,7 +120,7 @@ def test_suite_shape_on_gpu_is_deterministic_and_correct(dtype):
     x = torch.randn(8, 64, 56, 56, device=DEVICE, dtype=dtype)
     dy = torch.randn(8, 64, 56, 56, device=DEVICE, dtype=dtype)
     block_r, block_w, num_warps = pooling_config(8 * 64 * 56, 56, 9)
-    kernel = AvgPool2dGatherBackward(3, 3, 1, 1, 1, 1, True, 0, True, block_r, block_w, dtype=dtype,
+    kernel = AvgPool2dGatherBackward(3, 3, 1, 1, 1, 1, True, 0, True, row_align(56), block_r, block_w, dtype=dtype,
                                      num_warps=num_warps)
     first, second = poisoned(*x.shape, dtype=dtype), poisoned(*x.shape, dtype=dtype)
     kernel.launch(dy, first, 8 * 64, 56, 56, 56, 56)

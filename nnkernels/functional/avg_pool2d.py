@@ -19,6 +19,7 @@ from ..ops.avg_pool2d_gather import (
     AvgPool2dGatherForward,
     pooled_size,
     pooling_config,
+    row_align,
     uniform_divisor,
 )
 
@@ -72,8 +73,9 @@ def _check(x, kernel_size, stride, padding, divisor_override):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cls, dtype, kh, kw, sh, sw, ph, pw, count_include_pad, divisor, uniform, block_r, block_w, num_warps):
-    return cls(kh, kw, sh, sw, ph, pw, count_include_pad, divisor, uniform, block_r, block_w, dtype=dtype,
+def _kernel(cls, dtype, kh, kw, sh, sw, ph, pw, count_include_pad, divisor, uniform, align, block_r, block_w,
+            num_warps):
+    return cls(kh, kw, sh, sw, ph, pw, count_include_pad, divisor, uniform, align, block_r, block_w, dtype=dtype,
                num_warps=num_warps)
 
 
@@ -89,7 +91,7 @@ def _launch(cls, source, out, H, W, OH, OW, kernel, stride, padding, count_inclu
     options = SimpleNamespace(kh=kernel[0], kw=kernel[1], stride_h=stride[0], stride_w=stride[1], pad_h=padding[0],
                               pad_w=padding[1], count_include_pad=count_include_pad, divisor_override=divisor)
     uniform = uniform_divisor(options, H, W, OH, OW)
-    k = _kernel(cls, out.dtype, *kernel, *stride, *padding, count_include_pad, divisor, uniform,
+    k = _kernel(cls, out.dtype, *kernel, *stride, *padding, count_include_pad, divisor, uniform, row_align(cols),
                 *pooling_config(rows, cols, taps))
     k.launch(source, out, planes, H, W, OH, OW)
     direction = "backward" if cls is AvgPool2dGatherBackward else "forward"

@@ -10,7 +10,8 @@ Its divisor, as PyTorch defines it:
   the window clipped to the padded image (a ceil_mode window can overhang it);
 - else the number of window elements inside the image.
 UNIFORM (chosen by the launcher) says every window's divisor is KH*KW, which skips the
-per-window count. The backward gathers: each dx element sums dy/divisor over the windows that
+per-window count. ROW_ALIGN (a power of two <= 16 dividing the written rows' length, OW or W)
+lets rows be stored with vector instructions. The backward gathers: each dx element sums dy/divisor over the windows that
 cover it, so it needs no atomics, no zero-initialisation, and is deterministic.
 """
 import triton
@@ -47,6 +48,9 @@ def avg_pool2d_gather_entry(k, a):
         valid = {pooled_size(size, kernel, stride, pad, ceil) for ceil in (False, True)}
         if got not in valid or size + 2 * pad < kernel:
             raise ValueError(f"{name}: expected the pooled size {sorted(valid)} of the input, got {got}")
+    written = a.W if hasattr(a, "dx") else a.OW
+    if k.row_align > 16 or k.row_align & (k.row_align - 1) or written % k.row_align:
+        raise ValueError(f"row_align: expected a power of two <= 16 dividing {written}, got {k.row_align}")
     uniform = uniform_divisor(k, a.H, a.W, a.OH, a.OW)
     if k.uniform != uniform:
         raise ValueError(f"uniform: expected {uniform} for these sizes and options, got {k.uniform}")
@@ -68,7 +72,7 @@ def avg_pool2d_gather_forward(
     x, y, P, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, DIVISOR_OVERRIDE: tl.constexpr,
-    UNIFORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+    UNIFORM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """2-D average pooling forward with padding, ceil_mode windows and any divisor rule.
 
@@ -84,7 +88,7 @@ def avg_pool2d_gather_forward(
     plane = rows // OH
     oh = rows - plane * OH
     row_in = rows < P * OH
-    col_in = ow < OW
+    col_in = (ow // ROW_ALIGN) < (OW // ROW_ALIGN)
     h0 = oh * STRIDE_H - PAD_H
     w0 = ow * STRIDE_W - PAD_W
     x_plane = x + plane.to(tl.int64) * H * W
@@ -116,7 +120,7 @@ def avg_pool2d_gather_forward(
             cols_counted = tl.minimum(w0 + KW, W) - tl.maximum(w0, 0)
         # Lanes past the edge of the tile may count 0; they are not stored, so divide by 1 there.
         out = acc / tl.maximum(rows_counted[:, None] * cols_counted[None, :], 1).to(tl.float32)
-    y_row = y + rows.to(tl.int64) * OW
+    y_row = y + tl.multiple_of(rows.to(tl.int64) * OW, ROW_ALIGN)
     tl.store(y_row[:, None] + ow[None, :], out.to(y.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
 
 
@@ -125,7 +129,7 @@ def avg_pool2d_gather_backward(
     dy, dx, P, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, DIVISOR_OVERRIDE: tl.constexpr,
-    UNIFORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+    UNIFORM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """2-D average pooling backward by gathering: no atomics, deterministic, no zero-init.
 
@@ -142,7 +146,7 @@ def avg_pool2d_gather_backward(
     plane = rows // H
     ih = rows - plane * H
     row_in = rows < P * H
-    col_in = iw < W
+    col_in = (iw // ROW_ALIGN) < (W // ROW_ALIGN)
     dy_plane = dy + plane.to(tl.int64) * OH * OW
     acc = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float32)
     for j in tl.static_range((KH + STRIDE_H - 1) // STRIDE_H):
@@ -171,13 +175,13 @@ def avg_pool2d_gather_backward(
         acc = acc / DIVISOR_OVERRIDE
     elif UNIFORM:
         acc = acc / (KH * KW)
-    dx_row = dx + rows.to(tl.int64) * W
+    dx_row = dx + tl.multiple_of(rows.to(tl.int64) * W, ROW_ALIGN)
     tl.store(dx_row[:, None] + iw[None, :], acc.to(dx.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
 
 
 _OPTIONS = dict(
     entry=avg_pool2d_gather_entry,
-    example=(3, 3, 1, 1, 1, 1, True, 0, True, 32, 64),
+    example=(3, 3, 1, 1, 1, 1, True, 0, True, 8, 32, 64),
     nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"),
     flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
 )
@@ -192,6 +196,11 @@ def pooling_blocks(rows, cols, *, tile=None):
     block_w = min(triton.next_power_of_2(cols), tile, 2**16 if INTERPRETED else 64)
     block_r = max(1, min(tile // block_w, triton.next_power_of_2(rows)))
     return block_r, block_w
+
+
+def row_align(length):
+    """The largest power of two <= 16 that divides `length`."""
+    return min(16, length & -length)
 
 
 def pooling_config(rows, cols, taps):
