@@ -198,7 +198,7 @@ def dw_candidates(m: int, n: int, pixels: int, groups: int, dtype: torch.dtype) 
     each slice keeps at least four K-steps so the partial sums stay few.
     """
     if INTERPRETED:
-        return [Config(_clamp_pow2(m, 16, 64), _clamp_pow2(n, 16, 128), _clamp_pow2(pixels, 16, 2048), 4, 1, 1)]
+        return [Config(_clamp_pow2(m, 16, 64), _clamp_pow2(n, 16, 128), _clamp_pow2(pixels, 16, 4096), 4, 1, 1)]
     wide = 64 if dtype != torch.float32 else 32
     configs = []
     for block_m, block_n, block_k, warps, stages, oversubscribe in (

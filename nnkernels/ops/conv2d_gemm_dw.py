@@ -89,9 +89,10 @@ def conv2d_gemm_dw(
         dy_tile = tl.load(
             dy + dy_channel[:, None] + dy_pixel[None, :], mask=c_out_ok[:, None] & p_ok[None, :], other=0.0
         )
-        ih = ih_first[None, :] + dh[:, None]
-        iw = iw_first[None, :] + dw[:, None]
-        inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & n_ok[:, None] & p_ok[None, :]
+        # ih = ih_first + dh lies in [0, H) iff -ih_first <= dh < H - ih_first: row-column compares.
+        inside = (dh[:, None] >= -ih_first[None, :]) & (dh[:, None] < (H - ih_first)[None, :])
+        inside &= (dw[:, None] >= -iw_first[None, :]) & (dw[:, None] < (W - iw_first)[None, :])
+        inside &= n_ok[:, None] & p_ok[None, :]
         x_pixel = b.to(tl.int64) * C_IN * H * W + ih_first * W + iw_first
         # [n, pixels]: the pixel axis, contiguous in NCHW, is the fastest one.
         x_tile = tl.load(x + x_column[:, None] + x_pixel[None, :], mask=inside, other=0.0)

@@ -89,6 +89,8 @@ def conv2d_gemm_dx(
     ohw = OH * OW
     oh_first = row + shift_h
     ow_first = col + shift_w
+    oh_low = oh_first - OH
+    ow_low = ow_first - OW
     # dy offset of (b, first channel of the group, oh_first, ow_first); masked where outside dy.
     dy_pixel = (b.to(tl.int64) * C_OUT + group * cout_per_group) * ohw + oh_first * OW + ow_first
     c_in = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -103,10 +105,13 @@ def conv2d_gemm_dx(
         tap_pair = k // cout_per_group
         t_h = tap_pair // count_w
         t_w = tap_pair % count_w
-        oh = oh_first[None, :] - (t_h * delta_h)[:, None]
-        ow = ow_first[None, :] - (t_w * delta_w)[:, None]
-        inside = (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW) & k_ok[:, None] & pixel_ok[None, :]
-        dy_k = c_out * ohw - t_h * delta_h * OW - t_w * delta_w
+        back_h = t_h * delta_h
+        back_w = t_w * delta_w
+        # oh = oh_first - back_h lies in [0, OH) iff oh_first - OH < back_h <= oh_first: row-column compares.
+        inside = (back_h[:, None] <= oh_first[None, :]) & (back_h[:, None] > oh_low[None, :])
+        inside &= (back_w[:, None] <= ow_first[None, :]) & (back_w[:, None] > ow_low[None, :])
+        inside &= k_ok[:, None] & pixel_ok[None, :]
+        dy_k = c_out * ohw - back_h * OW - back_w
         # [K, pixels]: the pixel axis, contiguous in NCHW, is the fastest one.
         dy_tile = tl.load(dy + dy_pixel[None, :] + dy_k[:, None], mask=inside, other=0.0)
         w_k = (group * cout_per_group + c_out) * (cin_per_group * taps) + (first_h + t_h * step_h) * KW \

@@ -99,6 +99,10 @@ def conv2d_gemm_forward(
     # Offset of x[b, first channel of the group, ih_first, iw_first]; may point before the image where
     # the window starts in the padding, but those elements are masked.
     x_pixel = (b.to(tl.int64) * C_IN + group * cin_per_group) * H * W + ih_first * W + iw_first
+    # ih = ih_first + dh lies in [0, H) iff -ih_first <= dh < H - ih_first: the masks below compare a
+    # row with a column instead of forming [K, pixels] sums.
+    dh_low, dh_high = -ih_first, H - ih_first
+    dw_low, dw_high = -iw_first, W - iw_first
     c_out = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_out_ok = c_out < cout_per_group
     w_rows = (group * cout_per_group + c_out).to(tl.int64) * k_total
@@ -109,9 +113,9 @@ def conv2d_gemm_forward(
         c_in_local = k // taps
         dh = ((k % taps) // KW) * DIL_H
         dw = (k % KW) * DIL_W
-        ih = ih_first[None, :] + dh[:, None]
-        iw = iw_first[None, :] + dw[:, None]
-        inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & k_ok[:, None] & pixel_ok[None, :]
+        inside = (dh[:, None] >= dh_low[None, :]) & (dh[:, None] < dh_high[None, :])
+        inside &= (dw[:, None] >= dw_low[None, :]) & (dw[:, None] < dw_high[None, :])
+        inside &= k_ok[:, None] & pixel_ok[None, :]
         # Tiles are [K, pixels] so that the pixel axis, contiguous in NCHW, is the fastest one.
         x_tile = tl.load(x + x_pixel[None, :] + (c_in_local * H * W + dh * W + dw)[:, None], mask=inside, other=0.0)
         w_tile = tl.load(w + w_rows[:, None] + k[None, :], mask=c_out_ok[:, None] & k_ok[None, :], other=0.0)
