@@ -111,15 +111,14 @@ def run(quick: bool = False) -> list[harness.Row]:
 
 
 def sweep() -> str:
-    """Times of each bf16 pass on the two large shapes per plan (tile, programs) and warp count, by
+    """Times of each bf16 pass on B256 C64 112x112 per plan (tile, programs) and warp count, by
     patching the functional module's plan and kernel cache for the duration of the sweep."""
     harness.require_gpu()
     original_plan, original_kernel = bn.batch_norm_plan, bn._kernel
     lines = ["batch_norm sweep (bf16): ms per (tile elements, programs, num_warps); the table ran 2048/2112/4"]
-    configs = ((1024, 132 * 16, 4), (4096, 132 * 16, 4), (2048, 132 * 16, 8), (4096, 132 * 16, 8),
-               (2048, 132 * 32, 4))
+    configs = ((1024, 132 * 16, 4), (4096, 132 * 16, 8), (2048, 132 * 32, 4))
     try:
-        for case, shape in SUITE[:2]:
+        for case, shape in SUITE[1:2]:
             x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
             dy = torch.randn_like(x)
             C = x.shape[1]
