@@ -9,6 +9,7 @@ from nnkernels.kernel import catalogue
 from nnkernels.ops.avg_pool2d_gather import (
     AvgPool2dGatherBackward,
     AvgPool2dGatherForward,
+    contiguous_row_align,
     pooled_size,
     pooling_blocks,
     pooling_config,
@@ -27,6 +28,7 @@ CASES = [
     (1, 2, 9, 9, (4, 4), (3, 3), (2, 2), True, True, None),  # overhang past the padding: clipped divisor
     (1, 2, 6, 7, (3, 3), (2, 2), (1, 1), False, True, 5),  # divisor_override
     (1, 2, 7, 7, (2, 2), (3, 3), (1, 0), False, True, None),  # stride > kernel: some dx covered by no window
+    (1, 2, 7, 9, (3, 2), (2, 2), (1, 0), False, False, None),  # contiguous rows, odd width, padded rows
 ]
 
 
@@ -38,8 +40,9 @@ def _kernels(cls, x_shape, y_shape, kernel, stride, padding, cip, divisor, dtype
     uniform = uniform_divisor(options, H, W, OH, OW)
     backward = cls is AvgPool2dGatherBackward
     rows, cols = (x_shape[0] * x_shape[1] * H, W) if backward else (x_shape[0] * x_shape[1] * OH, OW)
-    return cls(*kernel, *stride, *padding, cip, divisor or 0, uniform, row_align(cols), *pooling_blocks(rows, cols),
-               dtype=dtype)
+    x_align = () if backward else (contiguous_row_align(options, W, OW),)
+    return cls(*kernel, *stride, *padding, cip, divisor or 0, uniform, row_align(cols), *x_align,
+               *pooling_blocks(rows, cols), dtype=dtype)
 
 
 # Every case in fp32; the element types only change loads and stores, so two cases cover fp16/bf16.
@@ -79,7 +82,7 @@ def test_many_planes_per_program_and_ragged_tiles():
     ref = F.avg_pool2d(x64, 3, 2, 1, True, False)
     OH, OW = ref.shape[2:]
     y = poisoned(B, C, OH, OW)
-    AvgPool2dGatherForward(3, 3, 2, 2, 1, 1, False, 0, False, 1, 8, 2).launch(x, y, B * C, H, W, OH, OW)
+    AvgPool2dGatherForward(3, 3, 2, 2, 1, 1, False, 0, False, 1, 0, 8, 2).launch(x, y, B * C, H, W, OH, OW)
     assert_close(y, ref)
     dy = randn(B, C, OH, OW)
     ref.backward(dy.to(torch.float64))
@@ -91,19 +94,21 @@ def test_many_planes_per_program_and_ragged_tiles():
 def test_bad_launch_raises_and_writes_nothing():
     x = randn(1, 2, 6, 6)
     y = poisoned(1, 2, 3, 3)
-    forward = AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, True, 0, True, 1, 16, 4)
+    forward = AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, True, 0, True, 1, 2, 16, 4)
     with pytest.raises(ValueError, match="OH"):
         forward.launch(x, y, 2, 6, 6, 4, 3)
     with pytest.raises(ValueError, match="y"):
         forward.launch(x, poisoned(1, 2, 3, 2), 2, 6, 6, 3, 3)
     with pytest.raises(ValueError, match="uniform"):
-        AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, True, 0, False, 1, 16, 4).launch(x, y, 2, 6, 6, 3, 3)
+        AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, True, 0, False, 1, 2, 16, 4).launch(x, y, 2, 6, 6, 3, 3)
     with pytest.raises(ValueError, match="pad_h"):
-        AvgPool2dGatherForward(2, 2, 2, 2, 2, 0, True, 0, False, 1, 16, 4).launch(x, y, 2, 6, 6, 3, 3)
+        AvgPool2dGatherForward(2, 2, 2, 2, 2, 0, True, 0, False, 1, 2, 16, 4).launch(x, y, 2, 6, 6, 3, 3)
     with pytest.raises(ValueError, match="row_align"):
-        AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, True, 0, True, 2, 16, 4).launch(x, y, 2, 6, 6, 3, 3)
+        AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, True, 0, True, 2, 2, 16, 4).launch(x, y, 2, 6, 6, 3, 3)
+    with pytest.raises(ValueError, match="x_align"):
+        AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, True, 0, True, 1, 4, 16, 4).launch(x, y, 2, 6, 6, 3, 3)
     with pytest.raises(TypeError, match="count_include_pad"):
-        AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, 1, 0, True, 1, 16, 4)
+        AvgPool2dGatherForward(2, 2, 2, 2, 0, 0, 1, 0, True, 1, 0, 16, 4)
     assert torch.isnan(y).all()
 
 

@@ -10,13 +10,14 @@ import argparse
 import functools
 import importlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 from . import harness
 from ..ops.avg_pool2d import Avgpool2dBackward, Avgpool2dForward
-from ..ops.avg_pool2d_gather import pooling_blocks, row_align
+from ..ops.avg_pool2d_gather import contiguous_row_align, pooling_blocks, row_align
 
 # The module (the package re-exports the function under the same name).
 pool = importlib.import_module("nnkernels.functional.avg_pool2d")
@@ -92,8 +93,10 @@ def sweep() -> str:
                                              (pool.AvgPool2dGatherBackward, y, x, B * C * H, W)):
             timings = []
             for tile, warps in ((4096, 4), (2048, 8), (4096, 8)):
-                kernel = cls(k, k, s, s, p, p, True, 0, True, row_align(cols), *pooling_blocks(rows, cols, tile=tile),
-                             dtype=x.dtype, num_warps=warps)
+                options = SimpleNamespace(kw=k, stride_w=s, pad_w=p)
+                x_align = () if cls is pool.AvgPool2dGatherBackward else (contiguous_row_align(options, W, OW),)
+                kernel = cls(k, k, s, s, p, p, True, 0, True, row_align(cols), *x_align,
+                             *pooling_blocks(rows, cols, tile=tile), dtype=x.dtype, num_warps=warps)
                 ms = harness.time_ms(lambda: kernel.launch(source, out, B * C, H, W, OH, OW))
                 timings.append(f"{tile}/{warps}={ms:.4f}")
             lines.append(f"{case} {cls.__name__}: " + " ".join(timings))

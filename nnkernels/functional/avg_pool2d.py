@@ -17,6 +17,7 @@ from .. import _mode  # noqa: F401  (first: settles Triton's mode before the ker
 from ..ops.avg_pool2d_gather import (
     AvgPool2dGatherBackward,
     AvgPool2dGatherForward,
+    contiguous_row_align,
     pooled_size,
     pooling_config,
     row_align,
@@ -73,10 +74,8 @@ def _check(x, kernel_size, stride, padding, divisor_override):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cls, dtype, kh, kw, sh, sw, ph, pw, count_include_pad, divisor, uniform, align, block_r, block_w,
-            num_warps):
-    return cls(kh, kw, sh, sw, ph, pw, count_include_pad, divisor, uniform, align, block_r, block_w, dtype=dtype,
-               num_warps=num_warps)
+def _kernel(cls, dtype, *constants, num_warps):
+    return cls(*constants, dtype=dtype, num_warps=num_warps)
 
 
 def _launch(cls, source, out, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor):
@@ -91,8 +90,10 @@ def _launch(cls, source, out, H, W, OH, OW, kernel, stride, padding, count_inclu
     options = SimpleNamespace(kh=kernel[0], kw=kernel[1], stride_h=stride[0], stride_w=stride[1], pad_h=padding[0],
                               pad_w=padding[1], count_include_pad=count_include_pad, divisor_override=divisor)
     uniform = uniform_divisor(options, H, W, OH, OW)
+    block_r, block_w, num_warps = pooling_config(rows, cols, taps)
+    x_align = () if cls is AvgPool2dGatherBackward else (contiguous_row_align(options, W, OW),)
     k = _kernel(cls, out.dtype, *kernel, *stride, *padding, count_include_pad, divisor, uniform, row_align(cols),
-                *pooling_config(rows, cols, taps))
+                *x_align, block_r, block_w, num_warps=num_warps)
     k.launch(source, out, planes, H, W, OH, OW)
     direction = "backward" if cls is AvgPool2dGatherBackward else "forward"
     _last_kernels[direction] = k.id

@@ -38,6 +38,15 @@ def uniform_divisor(k, H, W, OH, OW):
     return (OH - 1) * k.stride_h + k.kh <= H + 2 * k.pad_h and (OW - 1) * k.stride_w + k.kw <= W + 2 * k.pad_w
 
 
+def contiguous_row_align(k, W, OW):
+    """The forward's X_ALIGN: 0 unless the windows tile each row exactly (kw == stride_w, a power
+    of two > 1, no column padding, OW*kw <= W); then the largest power of two <= 16 dividing W
+    and OW*kw (at least 1)."""
+    if k.kw != k.stride_w or k.kw < 2 or k.kw & (k.kw - 1) or k.pad_w or OW * k.kw > W:
+        return 0
+    return min(row_align(W), row_align(OW * k.kw))
+
+
 def avg_pool2d_gather_entry(k, a):
     """Check a gather pooling launch (forward or backward) and return its flat grid over tiles."""
     for size, kernel, pad, name in ((a.H, k.kh, k.pad_h, "pad_h"), (a.W, k.kw, k.pad_w, "pad_w")):
@@ -51,6 +60,10 @@ def avg_pool2d_gather_entry(k, a):
     written = a.W if hasattr(a, "dx") else a.OW
     if k.row_align > 16 or k.row_align & (k.row_align - 1) or written % k.row_align:
         raise ValueError(f"row_align: expected a power of two <= 16 dividing {written}, got {k.row_align}")
+    x_align = getattr(k, "x_align", 0)
+    if x_align and x_align != contiguous_row_align(k, a.W, a.OW):
+        raise ValueError(f"x_align: expected {contiguous_row_align(k, a.W, a.OW)} for these sizes and options, "
+                         f"got {x_align}")
     uniform = uniform_divisor(k, a.H, a.W, a.OH, a.OW)
     if k.uniform != uniform:
         raise ValueError(f"uniform: expected {uniform} for these sizes and options, got {k.uniform}")
@@ -72,7 +85,8 @@ def avg_pool2d_gather_forward(
     x, y, P, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, DIVISOR_OVERRIDE: tl.constexpr,
-    UNIFORM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+    UNIFORM: tl.constexpr, ROW_ALIGN: tl.constexpr, X_ALIGN: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_W: tl.constexpr,
 ):
     """2-D average pooling forward with padding, ceil_mode windows and any divisor rule.
 
@@ -80,6 +94,10 @@ def avg_pool2d_gather_forward(
     One program writes y[plane, oh, ow] for its BLOCK_R x BLOCK_W tile:
         y = (1 / divisor(oh, ow)) * sum over in-image (ih, iw) of the window of x[plane, ih, iw]
     (padding contributes zeros; divisor as in the module docstring). Sums in fp32; every y is written.
+    X_ALIGN > 0 selects the contiguous-row path, for windows that tile each row exactly
+    (KW == STRIDE_W, a power of two; no column padding or overhang): per kh it loads the
+    BLOCK_W*KW contiguous x of the tile's columns with vector loads and sums groups of KW;
+    X_ALIGN is then a power of two dividing W and OW*KW. X_ALIGN = 0 gathers tap by tap.
     """
     pid = tl.program_id(0)
     num_col_tiles = tl.cdiv(OW, BLOCK_W)
@@ -91,22 +109,32 @@ def avg_pool2d_gather_forward(
     col_in = (ow // ROW_ALIGN) < (OW // ROW_ALIGN)
     h0 = oh * STRIDE_H - PAD_H
     w0 = ow * STRIDE_W - PAD_W
-    x_plane = x + plane.to(tl.int64) * H * W
-    tile_in = row_in[:, None] & col_in[None, :]
     acc = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float32)
-    for kh in tl.static_range(KH):
-        ih = h0 + kh
-        x_row = x_plane + ih * W
-        ih_in = row_in & (ih >= 0) & (ih < H)
-        for kw in tl.static_range(KW):
-            iw = w0 + kw
-            # Unpadded uniform windows all lie inside the image: one mask serves every tap.
-            if PAD_H == 0 and PAD_W == 0 and UNIFORM:
-                inside = tile_in
-            else:
-                inside = ih_in[:, None] & (col_in & (iw >= 0) & (iw < W))[None, :]
-            xv = tl.load(x_row[:, None] + iw[None, :], mask=inside, other=0.0)
-            acc += xv.to(tl.float32)
+    if X_ALIGN > 0:
+        c = (pid % num_col_tiles) * (BLOCK_W * KW) + tl.arange(0, BLOCK_W * KW)
+        c_in = (c // X_ALIGN) < ((OW * KW) // X_ALIGN)
+        for kh in tl.static_range(KH):
+            ih = h0 + kh
+            ih_in = row_in & (ih >= 0) & (ih < H)
+            x_row = tl.multiple_of((plane.to(tl.int64) * H + ih) * W, X_ALIGN)
+            xv = tl.load(x + x_row[:, None] + c[None, :], mask=ih_in[:, None] & c_in[None, :], other=0.0)
+            acc += tl.sum(tl.reshape(xv.to(tl.float32), [BLOCK_R, BLOCK_W, KW]), axis=2)
+    else:
+        x_plane = x + plane.to(tl.int64) * H * W
+        tile_in = row_in[:, None] & col_in[None, :]
+        for kh in tl.static_range(KH):
+            ih = h0 + kh
+            x_row = x_plane + ih * W
+            ih_in = row_in & (ih >= 0) & (ih < H)
+            for kw in tl.static_range(KW):
+                iw = w0 + kw
+                # Unpadded uniform windows all lie inside the image: one mask serves every tap.
+                if PAD_H == 0 and PAD_W == 0 and UNIFORM:
+                    inside = tile_in
+                else:
+                    inside = ih_in[:, None] & (col_in & (iw >= 0) & (iw < W))[None, :]
+                xv = tl.load(x_row[:, None] + iw[None, :], mask=inside, other=0.0)
+                acc += xv.to(tl.float32)
     if DIVISOR_OVERRIDE > 0:
         out = acc / DIVISOR_OVERRIDE
     elif UNIFORM:
@@ -181,12 +209,13 @@ def avg_pool2d_gather_backward(
 
 _OPTIONS = dict(
     entry=avg_pool2d_gather_entry,
-    example=(3, 3, 1, 1, 1, 1, True, 0, True, 8, 32, 64),
-    nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"),
+    nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE", "X_ALIGN"),
     flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
 )
-AvgPool2dGatherForward = kernel_object(avg_pool2d_gather_forward, **_OPTIONS)
-AvgPool2dGatherBackward = kernel_object(avg_pool2d_gather_backward, **_OPTIONS)
+AvgPool2dGatherForward = kernel_object(
+    avg_pool2d_gather_forward, example=(3, 3, 1, 1, 1, 1, True, 0, True, 8, 0, 32, 64), **_OPTIONS)
+AvgPool2dGatherBackward = kernel_object(
+    avg_pool2d_gather_backward, example=(3, 3, 1, 1, 1, 1, True, 0, True, 8, 32, 64), **_OPTIONS)
 
 
 def pooling_blocks(rows, cols, *, tile=None):
