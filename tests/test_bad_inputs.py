@@ -35,6 +35,12 @@ def untouched(tensor):
 
 # ---------------------------------------------------------------- kernel constructors
 
+def with_constant(cls, **changes):
+    """An instance of `cls` with its example constants, by name, but for `changes`."""
+    constants = dict(zip((c.lower() for c in cls.constant_names), cls.example_constants))
+    return cls(**{**constants, **changes})
+
+
 CONSTRUCTORS = [
     # (id, make, exception, message)
     ("missing-constant", lambda: Conv2dForward(3, 3, 1, 1, 1, 1, 1), TypeError, r"missing constant\(s\) block_ow"),
@@ -48,7 +54,7 @@ CONSTRUCTORS = [
     ("negative-padding", lambda: Conv2dForward(3, 3, 1, 1, -1, 1, 1, 8), ValueError, r"^pad_h: expected an int >= 0"),
     ("block-not-power-of-2", lambda: Avgpool2dForward(2, 2, 2, 2, 48), ValueError,
      r"^block_ow: expected a power of two, got 48"),
-    ("int-flag", lambda: AvgPool2dGatherForward(3, 3, 1, 1, 1, 1, 1, 0, True, 32, 64), TypeError,
+    ("int-flag", lambda: with_constant(AvgPool2dGatherForward, count_include_pad=1), TypeError,
      r"^count_include_pad: expected a bool, got 1"),
     ("float64-dtype", lambda: Avgpool2dForward(2, 2, 2, 2, 8, dtype=torch.float64), TypeError,
      r"^dtype: expected one of torch.float32, torch.float16, torch.bfloat16, got torch.float64"),
@@ -92,7 +98,8 @@ def bn_inference_launch():
 
 def gemm_conv_launch():
     """Conv2dGemmForward (a fast kernel: 3x3, pad 1, no bias, no TF32, 16x16x16 tiles) on x[1, 2, 4, 4]."""
-    kernel = Conv2dGemmForward(3, 3, 1, 1, 1, 1, 1, 1, 1, False, False, 16, 16, 16)
+    kernel = Conv2dGemmForward(kh=3, kw=3, stride_h=1, stride_w=1, pad_h=1, pad_w=1, dil_h=1, dil_w=1, g=1,
+                               has_bias=False, tf32=False, block_m=16, block_n=16, block_k=16)
     y = sentinel(1, 3, 4, 4)
     args = dict(x=randn(1, 2, 4, 4), w=randn(3, 2, 3, 3), bias=y, y=y, B=1, C_IN=2, C_OUT=3, H=4, W=4, OH=4, OW=4)
     return kernel, args, ("y",)
@@ -100,7 +107,7 @@ def gemm_conv_launch():
 
 def bn_eval_launch():
     """BatchNorm2dEvalForward(2, 16) (a fast kernel) on x[2, 3, 4, 4], one tile per channel."""
-    kernel = BatchNorm2dEvalForward(2, 16)
+    kernel = BatchNorm2dEvalForward(block_b=2, block_hw=16)
     args = dict(x=randn(2, 3, 4, 4), y=sentinel(2, 3, 4, 4), weight=randn(3), bias=randn(3), running_mean=randn(3),
                 running_var=randn(3).abs() + 0.5, B=2, C=3, HW=16, TILES_PER_CHUNK=1, eps=1e-5)
     return kernel, args, ("y",)
