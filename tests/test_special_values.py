@@ -237,12 +237,21 @@ def test_non_contiguous_input_and_grad_output(op, layout):
 
 
 def test_conv2d_non_contiguous_weight_and_bias():
+    """Weights in every layout (model.to(memory_format=torch.channels_last) makes them channels_last),
+    forward and backward."""
     x = randn(2, 3, 6, 5)
     for name, w in layouts(randn(4, 3, 3, 3)):
-        bias = randn(8)[::2]
-        ours = conv2d(x, w, bias, padding=1)
-        assert_close(ours, F.conv2d(x.double().cpu(), w.double().cpu(), bias.double().cpu(), padding=1),
-                     tol=CONV_FP32_TOLERANCE)
+        w.requires_grad_()
+        bias = randn(8)[::2].requires_grad_()
+        y = conv2d(x, w, bias, padding=1)
+        refs = [t.detach().double().cpu().requires_grad_() for t in (w, bias)]
+        ref = F.conv2d(x.double().cpu(), *refs, padding=1)
+        assert_close(y, ref, tol=CONV_FP32_TOLERANCE)
+        dy = randn(*y.shape)
+        y.backward(dy)
+        ref.backward(dy.double().cpu())
+        for got, want in zip((w.grad, bias.grad), (refs[0].grad, refs[1].grad)):
+            assert_close(got, want, tol=CONV_FP32_TOLERANCE)
 
 
 def test_batch_norm_strided_parameters():
