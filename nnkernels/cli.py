@@ -34,7 +34,7 @@ def cli(debug):
 @cli.command()
 # The defaults are nnkernels.demo's DEFAULT_EPOCHS and DEFAULT_BATCH_SIZE, written out so that
 # `--help` need not import the kernels (tests/test_demo.py checks they agree).
-@click.option("--epochs", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True,
               help="Passes over the training set.")
 @click.option("--batch-size", type=click.IntRange(min=2), default=128, show_default=True,
               help="Images per training step.")

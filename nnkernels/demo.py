@@ -22,7 +22,7 @@ from . import nn as nnk
 from .kernel import INTERPRETED
 
 # Chosen so the CPU run (Triton's interpreter, 2 cores) stays well under 3 minutes at >= 90% accuracy.
-DEFAULT_EPOCHS = 4
+DEFAULT_EPOCHS = 3
 DEFAULT_BATCH_SIZE = 128
 LEARNING_RATE = 0.01
 TEST_FRACTION = 0.2
