@@ -81,7 +81,7 @@ def run(quick: bool = False) -> list[harness.Row]:
 
 
 def sweep() -> str:
-    """bf16 times of the gather kernels per tile size and warp count (the bench runs 2048 / 4)."""
+    """bf16 times of the gather kernels per tile size and warp count (the defaults: `pooling_config`)."""
     harness.require_gpu()
     lines = ["avg_pool2d sweep (bf16): ms per (tile elements, num_warps)"]
     for case, shape, k, s, p in SUITE:
