@@ -3,7 +3,7 @@ PyTorch in float64 (forward, backward and, for batch norm, the running statistic
 
 The drawn space covers 1x1 images, batch 1, channel counts that are multiples of nothing (and,
 for the channels-last convolution path, multiples of 16),
-kernels as large as the padded input, strides, paddings, dilations, groups (depthwise
+kernels as large as the padded input, strides, paddings ("same" and "valid" too), dilations, groups (depthwise
 included), ceil_mode, count_include_pad, divisor_override, 3-D (unbatched) and 2-D input, and
 fp32/fp16/bf16. Data is fresh random normal (never zeros), seeded by hypothesis so a failure
 replays. Reference: the op's own inputs (already rounded to the dtype) in float64 through
@@ -114,9 +114,15 @@ def conv_problems(draw):
     # The input is at least the dilated kernel less the padding; extra 0 puts the kernel over the whole padded input.
     size = [max(1, d * (k - 1) + 1 - 2 * p + draw(st.integers(0, MAX_EXTRA)))
             for k, p, d in zip(kernel, padding, dilation)]
+    # PyTorch's string paddings: "valid" is 0; "same" (stride 1 only) pads asymmetrically for even spans.
+    named = draw(st.sampled_from([None, None, None, "valid", "same"]))
+    if named == "same":
+        stride = [1, 1]
+    if named == "valid":
+        size = [max(s, d * (k - 1) + 1) for s, k, d in zip(size, kernel, dilation)]
     return dict(
         batch=draw(st.integers(1, MAX_BATCH)), c_in=cin_per_group * groups, c_out=cout_per_group * groups,
-        size=size, kernel=kernel, stride=stride, padding=padding, dilation=dilation, groups=groups,
+        size=size, kernel=kernel, stride=stride, padding=named or padding, dilation=dilation, groups=groups,
         bias=draw(st.booleans()), unbatched=draw(st.integers(0, 5)) == 0, dtype=draw(DTYPES),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
