@@ -46,6 +46,7 @@ def test_avg_pool2d_takes_an_unbatched_input_and_half_types():
     ({"kernel_size": 2, "stride": 0}, ValueError, "stride"),
     ({"kernel_size": 2, "divisor_override": 0}, ValueError, "divisor_override"),
     ({"kernel_size": 9}, ValueError, "smaller than kernel_size"),
+    ({"kernel_size": 2, "ceil_mode": "no"}, TypeError, "ceil_mode"),
 ])
 def test_avg_pool2d_refuses_bad_arguments(kwargs, error, words):
     with pytest.raises(error, match=words):
@@ -153,15 +154,16 @@ def test_batch_of_one_value_per_channel_refuses_training_like_pytorch():
     ({"running_var": None}, ValueError, "running_mean, running_var"),
     ({"momentum": None}, TypeError, "num_batches_tracked"),
     ({"eps": -1.0}, ValueError, "eps"),
+    ({"training": "yes"}, TypeError, "training"),
 ])
 def test_batch_norm_refuses_bad_arguments_and_writes_nothing(change, error, words):
     C = 3
     args = {"running_mean": randn(C), "running_var": randn(C).abs(), "weight": randn(C), "bias": randn(C),
             "training": True, "momentum": 0.1, "eps": 1e-5}
     before = args["running_mean"].clone(), args["running_var"].clone()
+    transforms = {"short": lambda t: t[:-1], "float64": lambda t: t.double()}
     for name, how in change.items():
-        args[name] = {"short": lambda t: t[:-1], "float64": lambda t: t.double()}[how](args[name]) if isinstance(
-            how, str) else how
+        args[name] = transforms[how](args[name]) if how in transforms else how
     with pytest.raises(error, match=words):
         bn.batch_norm(randn(2, C, 2, 2), **args)
     if change.get("running_var", 0) is not None and "running_mean" not in change:

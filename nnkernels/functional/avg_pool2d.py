@@ -47,8 +47,11 @@ def _pair(value, name, *, lowest):
     return pair
 
 
-def _check(x, kernel_size, stride, padding, divisor_override):
+def _check(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     """Validate every argument (nothing is launched before this passes); return the normalised options."""
+    for name, flag in (("ceil_mode", ceil_mode), ("count_include_pad", count_include_pad)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}: expected a bool, got {flag!r}")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
@@ -167,8 +170,7 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
     divisor_override must be positive (PyTorch only refuses 0). Bad arguments raise a ValueError
     or TypeError naming the argument before anything is launched.
     """
-    kernel, strides, pads = _check(x, kernel_size, stride, padding, divisor_override)
+    kernel, strides, pads = _check(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     batched = x if x.dim() == 4 else x.unsqueeze(0)
-    y = avg_pool2d_op(batched, kernel, strides, pads, bool(ceil_mode), bool(count_include_pad),
-                      divisor_override or 0)
+    y = avg_pool2d_op(batched, kernel, strides, pads, ceil_mode, count_include_pad, divisor_override or 0)
     return y if x.dim() == 4 else y.squeeze(0)

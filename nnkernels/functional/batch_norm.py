@@ -287,6 +287,8 @@ def _check(x, running_mean, running_var, weight, bias, training, momentum, eps):
             raise ValueError(f"{name}: expected a contiguous float32 tensor of shape ({C},), got {tuple(tensor.shape)}")
         if tensor.device != x.device:
             raise ValueError(f"{name}: expected a tensor on {x.device} like x, got {tensor.device}")
+    if not isinstance(training, bool):
+        raise TypeError(f"training: expected a bool, got {training!r}")
     if momentum is None:
         raise TypeError("momentum: expected a float; for a cumulative average pass 1 / num_batches_tracked")
     if not isinstance(momentum, (int, float)) or isinstance(momentum, bool):
