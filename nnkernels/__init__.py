@@ -1,4 +1,5 @@
 """nnkernels: GPU kernels for training convolutional networks, written in Triton."""
+from . import _mode  # noqa: F401  (first: it settles interpreted vs compiled before triton is imported)
 from .functional import avg_pool2d, batch_norm, conv2d
 from .kernel import CompiledKernel, KernelObject, catalogue, kernel_object
 from .ops.avg_pool2d import Avgpool2dBackward, Avgpool2dForward
