@@ -1,16 +1,19 @@
-"""nnkernels: GPU kernels for training convolutional networks, written in Triton."""
+"""nnkernels: GPU kernels for training convolutional networks, written in Triton.
+
+Layers, top to bottom: `nnkernels.nn` (drop-in modules and `convert`), the functional ops
+(`conv2d`, `avg_pool2d`, `batch_norm`), the kernel objects (`catalogue()`), Triton.
+"""
 from . import _mode  # noqa: F401  (first: it settles interpreted vs compiled before triton is imported)
+from . import nn
 from .functional import avg_pool2d, batch_norm, conv2d
-from .kernel import CompiledKernel, KernelObject, catalogue, kernel_object
+from .kernel import CompiledKernel, KernelObject, catalogue, compile_all, kernel_object
+from .nn import convert
 from .ops.avg_pool2d import Avgpool2dBackward, Avgpool2dForward
 from .ops.batch_norm2d import BatchNorm2dNchwBackward, BatchNorm2dNchwForwardInference
 from .ops.conv2d import Conv2dBackward, Conv2dForward
 
 __all__ = [
     "Avgpool2dBackward",
-    "avg_pool2d",
-    "batch_norm",
-    "conv2d",
     "Avgpool2dForward",
     "BatchNorm2dNchwBackward",
     "BatchNorm2dNchwForwardInference",
@@ -18,6 +21,12 @@ __all__ = [
     "Conv2dBackward",
     "Conv2dForward",
     "KernelObject",
+    "avg_pool2d",
+    "batch_norm",
     "catalogue",
+    "compile_all",
+    "conv2d",
+    "convert",
     "kernel_object",
+    "nn",
 ]
