@@ -7,10 +7,16 @@ off) on the same bf16 inputs: the first image, the last image wholly below 2**31
 above it, and the last; sums over the whole batch (dw, dbias, batch-norm statistics and parameter
 gradients) are checked in full, their references accumulated chunk by chunk in float64 or fp32.
 Each test keeps its peak GPU memory under 60 GB (asserted) and should take well under 20 s
-on an H200.
+on an H200. The convolution with more than 2**31 pixels runs in a child process, since a wrapped
+index could fault and poison the CUDA context of every later test.
 
 On the CPU the same checks run once on tiny shapes, as a dry run of this file's logic.
 """
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +26,7 @@ from nnkernels.functional.avg_pool2d import avg_pool2d
 from nnkernels.functional.batch_norm import batch_norm
 from nnkernels.functional.conv2d import conv2d
 
+ROOT = Path(__file__).resolve().parents[1]
 BF16 = torch.bfloat16
 TOL = TOLERANCE[BF16]
 LIMIT = 2**31
@@ -84,9 +91,9 @@ CONV_CASES = {
     "channels-last-3x3": (32, 32, 3, 1, 1, 1),
     "nchw-3x3-stride2": (24, 24, 3, 2, 1, 1),
     "depthwise-3x3": (32, 32, 3, 1, 1, 32),
-    # One input channel: more than 2**31 pixels (B*OH*OW), so the GEMM's pixel index itself passes 2**31.
-    "nchw-one-input-channel": (1, 2, 3, 1, 1, 1),
 }
+# One input channel: more than 2**31 pixels (B*OH*OW), so the GEMM's pixel index itself passes 2**31.
+ONE_CHANNEL_CONV = (1, 2, 3, 1, 1, 1)
 
 
 def check_conv2d(batch, c_in, c_out, kernel, stride, padding, groups, hw):
@@ -122,6 +129,36 @@ def test_conv2d_past_2_31_elements(case, memory_budget):
     batch = batch_past_limit(c_in)
     assert batch * c_in * HW * HW > LIMIT
     check_conv2d(batch, c_in, c_out, kernel, stride, padding, groups, HW)
+
+
+CHILD = """
+import sys, torch
+sys.path.insert(0, "tests")
+import test_large_tensors as t
+torch.backends.cudnn.allow_tf32 = False
+t.check_conv2d({call})
+if torch.cuda.is_available():
+    peak = torch.cuda.max_memory_allocated()
+    assert peak < t.PEAK_BYTES, f"peak GPU memory {{peak / 1e9:.1f}} GB >= 60 GB"
+"""
+
+
+def check_conv2d_in_a_child(*args):
+    """check_conv2d(*args) in a child process (see test_conv2d_pixel_index_past_2_31)."""
+    env = dict(os.environ, NNKERNELS_TUNE="off", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = CHILD.format(call=", ".join(map(str, args)))
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, f"child process failed:\n{done.stderr[-3000:]}"
+
+
+@gpu
+def test_conv2d_pixel_index_past_2_31():
+    """More than 2**31 pixels. Run in a child process: an index that wraps can make the kernel access
+    memory outside its tensors, and a CUDA fault would poison this process's context for every later test."""
+    c_in, c_out, kernel, stride, padding, groups = ONE_CHANNEL_CONV
+    assert batch_past_limit(c_in) * HW * HW > LIMIT
+    check_conv2d_in_a_child(batch_past_limit(c_in), c_in, c_out, kernel, stride, padding, groups, HW)
 
 
 # ---------------------------------------------------------------- avg_pool2d
@@ -207,7 +244,7 @@ def test_batch_norm_past_2_31_elements(channels, training, memory_budget):
 def test_dry_run_on_tiny_shapes(memory_budget):
     check_conv2d(3, 3, 4, 3, 2, 1, 1, hw=5)
     check_conv2d(2, 3, 3, 3, 1, 1, 3, hw=4)
-    check_conv2d(2, 1, 2, 3, 1, 1, 1, hw=4)
+    check_conv2d_in_a_child(2, *ONE_CHANNEL_CONV, 4)
     check_avg_pool2d(3, 2, hw=5)
     for channels, training in ((2, True), (2, False), (1, True)):
         check_batch_norm(3, channels, hw=4, training=training)
