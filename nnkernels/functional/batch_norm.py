@@ -297,8 +297,8 @@ def _check(x, running_mean, running_var, weight, bias, training, momentum, eps):
         raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
     if training and x.numel() // max(C, 1) == 1:
         raise ValueError(f"x: Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
-    if x.numel() == 0:
-        raise ValueError(f"x: expected a non-empty tensor, got shape {tuple(x.shape)}")
+    if min(x.shape[1:], default=1) == 0:
+        raise ValueError(f"x: expected non-empty channels and spatial sizes (the batch may be 0), got {tuple(x.shape)}")
 
 
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
@@ -313,6 +313,14 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
     which passes 1 / num_batches_tracked. Bad arguments raise before anything is written.
     """
     _check(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    if x.shape[0] == 0:
+        # An empty batch, as PyTorch treats it: an empty result, zero parameter gradients, no statistics.
+        scale = (1,) * (x.dim() - 2)
+        y = x.clone()
+        for param in (weight, bias):
+            if param is not None:
+                y = y + (param.to(x.dtype).view(1, -1, *scale) * 0) * x.sum()
+        return y
     if not training:
         return batch_norm_eval_op(x, running_mean, running_var, weight, bias, float(eps))
     y, mean, _, var_unbiased = batch_norm_train_op(x, weight, bias, float(eps))

@@ -41,6 +41,8 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 REDUCE_BLOCK = 1024
 CHANNELS_LAST_MULTIPLE = 16
 INT32_LIMIT = 2**31
+# One launch indexes its pixels (b, oh, ow) and (b, ih, iw) in int32; larger batches go in slices.
+PIXEL_INDEX_LIMIT = 2**31
 
 _log = logging.getLogger("nnkernels")
 
@@ -95,8 +97,11 @@ def _check(x, weight, bias, stride, padding, dilation, groups, *, same_dtype=Tru
         )
     if bias is not None and tuple(bias.shape) != (c_out,):
         raise ValueError(f"bias: expected shape ({c_out},), got {tuple(bias.shape)}")
-    if min(x.shape) < 1 or min(weight.shape) < 1:
-        raise ValueError(f"input/weight: expected non-empty tensors, got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if min(x.shape[1:]) < 1 or min(weight.shape) < 1:
+        raise ValueError(
+            f"input/weight: expected non-empty tensors (the batch may be 0), got {tuple(x.shape)} and "
+            f"{tuple(weight.shape)}"
+        )
     for name, values, low in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
         if min(values) < low:
             raise ValueError(f"{name}: expected values >= {low}, got {tuple(values)}")
@@ -434,6 +439,14 @@ def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None):
     return dw, dbias
 
 
+def _batch_chunks(x, y_shape):
+    """Slices of the batch, [first, end), each small enough for the kernels' int32 pixel index over
+    (b, oh, ow) and (b, ih, iw); a single slice unless the batch holds 2**31 pixels or more."""
+    pixels_per_image = max(x.shape[2] * x.shape[3], y_shape[2] * y_shape[3])
+    step = max(1, (PIXEL_INDEX_LIMIT - 1) // pixels_per_image)
+    return [(first, min(first + step, x.shape[0])) for first in range(0, x.shape[0], step)]
+
+
 def _output_shape(x, weight, stride, padding, dilation):
     oh = _output_size(x.shape[2], weight.shape[2], stride[0], padding[0], dilation[0])
     ow = _output_size(x.shape[3], weight.shape[3], stride[1], padding[1], dilation[1])
@@ -445,8 +458,16 @@ def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: list[in
               dilation: list[int], groups: int) -> Tensor:
     """The forward custom op (see `conv2d`, which also handles 3-D input and string padding)."""
     _check(x, weight, bias, stride, padding, dilation, groups)
-    return _forward(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
-                    tuple(stride), tuple(padding), tuple(dilation), groups)
+    x, weight = x.contiguous(), weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    args = (tuple(stride), tuple(padding), tuple(dilation), groups)
+    shape = _output_shape(x, weight, stride, padding, dilation)
+    if shape[0] == 0:
+        return x.new_empty(shape)
+    chunks = _batch_chunks(x, shape)
+    if len(chunks) > 1:
+        return torch.cat([_forward(x[first:end], weight, bias, *args) for first, end in chunks])
+    return _forward(x, weight, bias, *args)
 
 
 @conv2d_op.register_fake
@@ -461,6 +482,22 @@ def conv2d_backward_op(grad_y: Tensor, x: Tensor, weight: Tensor, stride: list[i
     """(dx, dw, dbias) of `nnkernels::conv2d`; a gradient not asked for comes back as an empty tensor."""
     _check(x, weight, None, stride, padding, dilation, groups)
     x, weight, grad_y = x.contiguous(), weight.contiguous(), grad_y.contiguous()
+    if x.shape[0] == 0:
+        return (x.new_empty(x.shape) if need_dx else x.new_empty(0),
+                torch.zeros_like(weight) if need_dw else x.new_empty(0),
+                weight.new_zeros(weight.shape[0]) if need_dbias else x.new_empty(0))
+    chunks = _batch_chunks(x, grad_y.shape)
+    if len(chunks) > 1:
+        parts = [_backward(grad_y[first:end], x[first:end], weight, stride, padding, dilation, groups, need_dx,
+                           need_dw, need_dbias) for first, end in chunks]
+        dx = torch.cat([part[0] for part in parts]) if need_dx else x.new_empty(0)
+        # The chunks' weight gradients add up in a fixed order, in fp32: still deterministic.
+        dw, dbias = (sum(part[i].float() for part in parts).to(x.dtype) for i in (1, 2))
+        return dx, dw, dbias
+    return _backward(grad_y, x, weight, stride, padding, dilation, groups, need_dx, need_dw, need_dbias)
+
+
+def _backward(grad_y, x, weight, stride, padding, dilation, groups, need_dx, need_dw, need_dbias):
     problem = _Problem(x.shape, weight.shape, tuple(stride), tuple(padding), tuple(dilation), groups, x.dtype,
                        need_dbias)
     expected = (problem.B, problem.C_OUT, problem.OH, problem.OW)
