@@ -96,21 +96,23 @@ def check_grads(inputs, outputs_fn, ref_fn, dtype, tol, generator, grad_floor=No
 
 @st.composite
 def conv_problems(draw):
-    # The op has three paths: depthwise; channels-last implicit GEMM (groups 1, channels multiple of 16);
-    # NCHW implicit GEMM (everything else).
-    path = draw(st.sampled_from(["depthwise", "channels-last", "nchw"]))
+    # The op's paths: depthwise; 1x1 stride-1 unpadded one-group (pointwise); channels-last implicit GEMM
+    # (groups 1, channels multiple of 16); NCHW implicit GEMM (everything else).
+    path = draw(st.sampled_from(["depthwise", "pointwise", "channels-last", "nchw"]))
     if path == "depthwise":
         groups, cin_per_group, cout_per_group = draw(st.integers(1, MAX_CHANNELS)), 1, 1
     elif path == "channels-last":
         groups = 1
         cin_per_group, cout_per_group = (16 * draw(st.integers(1, 4 if LARGE else 2)) for _ in range(2))
     else:
-        groups = draw(st.integers(1, 3))
+        groups = 1 if path == "pointwise" else draw(st.integers(1, 3))
         cin_per_group, cout_per_group = (draw(st.integers(1, MAX_CHANNELS)) for _ in range(2))
     kernel = [draw(st.integers(1, 5)) for _ in range(2)]
     stride = [draw(st.integers(1, 3)) for _ in range(2)]
     dilation = [draw(st.integers(1, 2)) for _ in range(2)]
     padding = [draw(st.integers(0, 2)) for _ in range(2)]
+    if path == "pointwise":
+        kernel, stride, padding = [1, 1], [1, 1], [0, 0]
     # The input is at least the dilated kernel less the padding; extra 0 puts the kernel over the whole padded input.
     size = [max(1, d * (k - 1) + 1 - 2 * p + draw(st.integers(0, MAX_EXTRA)))
             for k, p, d in zip(kernel, padding, dilation)]
