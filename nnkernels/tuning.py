@@ -258,3 +258,27 @@ def channels_last_dw_candidates(m: int, c_in: int, taps: int, pixels: int, dtype
     found = [Config(c.block_m, min(c.block_n, limit), c.block_k, c.num_warps, c.num_stages, c.split)
              for c in dw_candidates(m, c_in * taps, pixels, 1, dtype)]
     return list(dict.fromkeys(found))
+
+
+def pointwise_config(c_out: int, c_in: int, pixels: int, dtype: torch.dtype) -> Config:
+    """Tiles of the 1x1 kernels (forward; dx swaps c_out and c_in): BLOCK_M channels x BLOCK_N
+    pixels x BLOCK_K reduced channels. A heuristic, not tuned: 128-pixel rows keep loads wide,
+    K slices of 128 bytes (64 bytes for fp32); the interpreter gets one program per image."""
+    if INTERPRETED:
+        return Config(_clamp_pow2(c_out, 16, 128), _clamp_pow2(pixels, 16, 4096), _clamp_pow2(c_in, 16, 128), 4, 1)
+    block_m = _clamp_pow2(c_out, 16, 128)
+    block_k = _clamp_pow2(c_in, 16, 32 if dtype == torch.float32 else 64)
+    return Config(block_m, 128, block_k, 8 if block_m >= 128 else 4, 3)
+
+
+def pointwise_dw_config(c_out: int, c_in: int, pixels: int, batch: int, dtype: torch.dtype) -> Config:
+    """Tiles and split of the 1x1 weight gradient: C_OUT x C_IN tiles, the B*HW pixels split until
+    about two programs per SM run, each slice keeping at least four steps."""
+    if INTERPRETED:
+        return Config(_clamp_pow2(c_out, 16, 64), _clamp_pow2(c_in, 16, 128), _clamp_pow2(pixels, 16, 4096), 4, 1, 1)
+    block_k = 64 if dtype != torch.float32 else 32
+    block_m, block_n = _clamp_pow2(c_out, 16, 64), _clamp_pow2(c_in, 16, 128)
+    tiles = -(-c_out // block_m) * -(-c_in // block_n)
+    steps = batch * -(-pixels // block_k)
+    split = max(1, min(2 * _num_sms() // tiles, steps // 4))
+    return Config(block_m, block_n, block_k, 4, 3, split)

@@ -1,0 +1,53 @@
+"""The 1x1 kernels with small tiles, so that every tail (channels, pixels, K slices, split) is
+exercised on the interpreter too, against PyTorch in float64."""
+import pytest
+import torch
+import torch.nn.functional as F
+from support import DTYPES, assert_close, dtype_id, poisoned, randn
+
+from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce
+from nnkernels.ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw
+
+B, C_IN, C_OUT, H, W = 3, 40, 24, 5, 7  # no size a multiple of the 16-wide tiles
+
+
+def reference(x, w, b, dy):
+    x64, w64, b64 = (t.cpu().double().requires_grad_() for t in (x, w, b))
+    y64 = F.conv2d(x64, w64, b64)
+    y64.backward(dy.cpu().double())
+    return y64, x64.grad, w64.grad, b64.grad
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_pointwise_forward_dx_and_dw_over_ragged_tiles(dtype):
+    x, w, b = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, 1, 1, dtype=dtype), randn(C_OUT, dtype=dtype)
+    dy = randn(B, C_OUT, H, W, dtype=dtype)
+    y64, dx64, dw64, db64 = reference(x, w, b, dy)
+    tiles = dict(block_m=16, block_n=16, block_k=16)
+
+    y = poisoned(B, C_OUT, H, W, dtype=dtype)
+    Conv2dPointwise(has_bias=True, tf32=False, **tiles, dtype=dtype).launch(x, w, b, y, B, C_IN, C_OUT, H * W)
+    assert_close(y, y64, dtype)
+
+    dx = poisoned(B, C_IN, H, W, dtype=dtype)
+    w_t = w.reshape(C_OUT, C_IN).t().contiguous()
+    Conv2dPointwise(has_bias=False, tf32=False, **tiles, dtype=dtype).launch(dy, w_t, dx, dx, B, C_OUT, C_IN, H * W)
+    assert_close(dx, dx64, dtype)
+
+    split = 4  # 3 images x cdiv(35, 16) = 9 steps in 4 slices: the last slice is short
+    partial = poisoned(split, C_OUT * C_IN + C_OUT, dtype=torch.float32)
+    Conv2dPointwiseDw(has_bias=True, tf32=False, **tiles, dtype=dtype).launch(
+        dy, x, partial, B, C_IN, C_OUT, H * W, split
+    )
+    dw, db = poisoned(C_OUT, C_IN, 1, 1, dtype=dtype), poisoned(C_OUT, dtype=dtype)
+    Conv2dDwReduce(True, 256, dtype=dtype).launch(partial, dw, db, split, C_OUT * C_IN, C_OUT)
+    assert_close(dw, dw64, dtype)
+    assert_close(db, db64, dtype)
+
+
+def test_pointwise_refuses_a_split_longer_than_the_pixels():
+    x, dy = randn(1, 4, 2, 2), randn(1, 4, 2, 2)
+    partial = poisoned(3, 16)
+    with pytest.raises(ValueError, match=r"SPLIT: expected at most B\*cdiv\(HW, block_k\) = 1 slices, got 3"):
+        Conv2dPointwiseDw(False, False, 16, 16, 16).launch(dy, x, partial, 1, 4, 4, 4, 3)
+    assert torch.isnan(partial).all()
