@@ -23,6 +23,7 @@ CASES = {
     "conv2d-channels-last": ("conv2d", (4, 32, 16, 16), [(32, 32, 3, 3), (32,)], dict(padding=1), torch.float32),
     "conv2d-nchw-strided": ("conv2d", (4, 12, 17, 15), [(20, 12, 3, 3), (20,)], dict(stride=2, padding=1),
                             torch.bfloat16),
+    "conv2d-pointwise": ("conv2d", (4, 24, 9, 11), [(40, 24, 1, 1), (40,)], {}, torch.bfloat16),
     "conv2d-depthwise": ("conv2d", (4, 24, 16, 16), [(24, 1, 3, 3), (24,)], dict(padding=1, groups=24),
                          torch.float16),
     "avg_pool2d": ("avg_pool2d", (4, 16, 15, 17), [], dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),

@@ -91,6 +91,7 @@ CONV_CASES = {
     "channels-last-3x3": (32, 32, 3, 1, 1, 1),
     "nchw-3x3-stride2": (24, 24, 3, 2, 1, 1),
     "depthwise-3x3": (32, 32, 3, 1, 1, 32),
+    "pointwise-1x1": (32, 32, 1, 1, 0, 1),
 }
 # One input channel: more than 2**31 pixels (B*OH*OW), so the GEMM's pixel index itself passes 2**31.
 ONE_CHANNEL_CONV = (1, 2, 3, 1, 1, 1)
@@ -244,6 +245,7 @@ def test_batch_norm_past_2_31_elements(channels, training, memory_budget):
 def test_dry_run_on_tiny_shapes(memory_budget):
     check_conv2d(3, 3, 4, 3, 2, 1, 1, hw=5)
     check_conv2d(2, 3, 3, 3, 1, 1, 3, hw=4)
+    check_conv2d(2, 3, 4, 1, 1, 0, 1, hw=4)
     check_conv2d_in_a_child(2, *ONE_CHANNEL_CONV, 4)
     check_avg_pool2d(3, 2, hw=5)
     for channels, training in ((2, True), (2, False), (1, True)):
