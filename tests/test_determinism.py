@@ -55,8 +55,8 @@ BN_SPLIT = ("BatchNorm2dPartialStats", "BatchNorm2dTrainNormalize", "BatchNorm2d
             "BatchNorm2dTrainBackwardDx", "BatchNorm2dUpdateRunningStats")
 
 CASES = {
-    # conv2d: implicit GEMM on channels-last copies (dx through the forward kernel at stride 1, the dx kernel
-    # otherwise), on NCHW (channels not multiples of 16, or groups), depthwise; dw split into fp32 partials.
+    # conv2d: implicit GEMM on channels-last copies (dx through the forward kernel at stride 1), on NCHW
+    # (channels not multiples of 16, or groups), 1x1 as a matrix product, depthwise; dw split into fp32 partials.
     "conv2d-cl-fp32": Case("conv2d", dict(x=(8, 32, 28, 28), w=(64, 32, 3, 3)), dict(x=(1, 16, 4, 4), w=(16, 16, 3, 3)),
                            CONV_CL, dict(padding=1, bias=True)),
     "conv2d-1x1-strided-fp16": Case("conv2d", dict(x=(16, 64, 56, 56), w=(128, 64, 1, 1)),
