@@ -323,7 +323,8 @@ def batch_norm2d_train_backward_dx(
     if chunk == 0:
         tl.store(dbias + c, sum_dy)
         tl.store(dweight + c, sum_dy_xmu * channel_rstd)
-    count = (B * HW).to(tl.float32)
+    # In fp32, not int32: one channel of a large batch can hold more than 2**31 values.
+    count = tl.cast(B, tl.float32) * tl.cast(HW, tl.float32)
     dy_scale = tl.load(weight + c) * channel_rstd
     dy_shift = dy_scale * sum_dy / count
     xmu_scale = dy_scale * channel_rstd * channel_rstd * sum_dy_xmu / count
