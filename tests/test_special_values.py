@@ -9,7 +9,7 @@ is explained where it is made), and the finite elements within tolerance.
 import pytest
 import torch
 import torch.nn.functional as F
-from support import DEVICE, DTYPES, INTERPRETED, TOLERANCE, assert_close, dtype_id, randn
+from support import DEVICE, DTYPES, INTERPRETED, TOLERANCE, assert_close, dtype_id, gpu, randn
 
 import nnkernels.nn as nkn
 from nnkernels.functional.avg_pool2d import avg_pool2d
@@ -282,3 +282,38 @@ def test_batch_norm_large_mean_small_variance(offset, scale):
     assert torch.equal(y[:, 1].cpu(), b[1].cpu().expand(4, 8, 8)), "a constant channel must give y = bias"
     assert_close(running_mean, ref_stats[0], tol=TOLERANCE[torch.float32])
     assert_close(running_var, ref_stats[1], tol=TOLERANCE[torch.float32])
+
+
+# ---- a batch larger than CUDA's 65535 on a grid's y or z axis ----
+
+@gpu
+@pytest.mark.parametrize("op", ["conv2d-pointwise", "conv2d-3x3", "conv2d-depthwise", "avg_pool2d", "batch_norm-train",
+                                "batch_norm-eval"])
+def test_batch_beyond_65535_like_pytorch(op):
+    """PyTorch takes any batch; a kernel with the batch on a grid axis capped at 65535 must not refuse it.
+    (GPU only: the interpreter would run one program per image.)"""
+    C = 4
+    x = randn(70000, C, 2, 2).requires_grad_()
+    params = {"conv2d-pointwise": [randn(6, C, 1, 1)], "conv2d-3x3": [randn(6, C, 3, 3)],
+              "conv2d-depthwise": [randn(C, 1, 3, 3)]}.get(op, [randn(C), randn(C)] if op.startswith("batch") else [])
+    params = [p.requires_grad_() for p in params]
+    refs = [t.detach().double().cpu().requires_grad_() for t in [x] + params]
+    stats = running_stats(C)
+    if op == "conv2d-pointwise":
+        y, ref = conv2d(x, *params), F.conv2d(*refs)
+    elif op.startswith("conv2d"):
+        groups = C if op == "conv2d-depthwise" else 1
+        y, ref = conv2d(x, *params, padding=1, groups=groups), F.conv2d(*refs, padding=1, groups=groups)
+    elif op == "avg_pool2d":
+        y, ref = avg_pool2d(x, 2), F.avg_pool2d(refs[0], 2)
+    else:
+        training = op == "batch_norm-train"
+        y = batch_norm(x, *[s.clone() for s in stats], *params, training=training)
+        ref = F.batch_norm(refs[0], *[s.double().cpu() for s in stats], *refs[1:], training=training)
+    dy = randn(*y.shape)
+    y.backward(dy)
+    ref.backward(dy.double().cpu())
+    tol = tolerance(torch.float32, op)
+    assert_close(y, ref, tol=tol)
+    for got, want in zip([x] + params, refs):
+        assert_close(got.grad, want.grad, tol=tol)
