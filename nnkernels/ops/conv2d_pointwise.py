@@ -17,13 +17,13 @@ from .conv2d_gemm_forward import check_grid_3d
 
 
 def conv2d_pointwise_entry(k, a):
-    """Grid (cdiv(HW, block_n), cdiv(C_OUT, block_m), B) for `Conv2dPointwise`."""
+    """Grid (B * cdiv(HW, block_n), cdiv(C_OUT, block_m)) for `Conv2dPointwise`."""
     check_numel("x", a.x, a.B * a.C_IN * a.HW, "B*C_IN*HW")
     check_numel("w", a.w, a.C_OUT * a.C_IN, "C_OUT*C_IN")
     check_numel("y", a.y, a.B * a.C_OUT * a.HW, "B*C_OUT*HW")
     if k.has_bias:
         check_numel("bias", a.bias, a.C_OUT, "C_OUT")
-    return check_grid_3d(triton.cdiv(a.HW, k.block_n), triton.cdiv(a.C_OUT, k.block_m), a.B)
+    return check_grid_3d(a.B * triton.cdiv(a.HW, k.block_n), triton.cdiv(a.C_OUT, k.block_m), 1)
 
 
 @triton.jit
@@ -34,16 +34,18 @@ def conv2d_pointwise(
 ):
     """1x1 convolution, stride 1, no padding, one group: y[b] = w @ x[b] (+ bias).
 
-    Grid: (cdiv(HW, BLOCK_N), cdiv(C_OUT, BLOCK_M), B). Program (pn, pm, b) writes y[b, c_out, p]
+    Grid: (B * cdiv(HW, BLOCK_N), cdiv(C_OUT, BLOCK_M)); the batch shares axis 0 with the pixel tiles
+    because axes 1 and 2 stop at 65535. Program (b * cdiv(HW, BLOCK_N) + pn, pm) writes y[b, c_out, p]
     for the BLOCK_M channels c_out of tile pm and the BLOCK_N pixels p of tile pn:
         y[b, c_out, p] = bias[c_out] + sum over c_in of w[c_out, c_in] * x[b, c_in, p],
     the sum over C_IN in BLOCK_K slices on tensor cores (fp32 as TF32 when TF32), accumulated in
     fp32, y rounded once. Every element of y is written; bias is read only when HAS_BIAS.
     Called with w transposed ([C_IN, C_OUT] of the forward) and dy for x, it computes dx.
     """
-    pid_n = tl.program_id(0)
+    pixel_tiles = tl.cdiv(HW, BLOCK_N)
+    b = tl.program_id(0) // pixel_tiles
+    pid_n = tl.program_id(0) % pixel_tiles
     pid_m = tl.program_id(1)
-    b = tl.program_id(2)
     pixel = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     pixel = tl.max_contiguous(tl.multiple_of(pixel, BLOCK_N), BLOCK_N)
     pixel_ok = pixel < HW
