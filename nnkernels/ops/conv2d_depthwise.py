@@ -116,7 +116,9 @@ def conv2d_depthwise_dx(
             hit = pixel_ok & (reach_h >= 0) & (reach_w >= 0) & (oh < OH) & (ow < OW)
             hit = hit & (reach_h % STRIDE_H == 0) & (reach_w % STRIDE_W == 0)
             dy_values = tl.load(dy_plane + oh * OW + ow, mask=hit, other=0.0)
-            acc += dy_values.to(tl.float32) * tl.load(w + c * KH * KW + kh * KW + kw).to(tl.float32)
+            tap = tl.load(w + c * KH * KW + kh * KW + kw).to(tl.float32)
+            # Only taps that reach dy contribute: a NaN or Inf weight must not reach dx through padding.
+            acc += tl.where(hit, dy_values.to(tl.float32) * tap, 0.0)
     tl.store(dx + plane.to(tl.int64) * H * W + pixel, acc.to(dx.dtype.element_ty), mask=pixel_ok)
 
 
