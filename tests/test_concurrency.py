@@ -98,20 +98,24 @@ def test_two_threads_launch_one_new_kernel_object():
 def test_two_threads_run_a_functional_op_on_a_new_shape():
     """conv2d and avg_pool2d on a shape nothing else uses (first call: kernel choice, tuning on the GPU,
     compilation) from two threads at once: right results, and no kernel compiled twice."""
+    # Options no other test draws (hypothesis's dilations stop at 2, its pooling divisors at 30), so
+    # every kernel here is new to the process.
     x_shape, w_shape = (2, 5, 7, 6), (7, 5, 3, 2)
+    conv_options = dict(stride=(1, 2), padding=(1, 0), dilation=(1, 3))
+    pool_options = ((3, 2), (2, 1), (1, 0), True, False, 31)
     inputs = [(randn(*x_shape), randn(*w_shape)) for _ in range(THREADS)]
 
     def work(i):
         x, w = inputs[i]
-        return conv2d(x, w, stride=(1, 2), padding=(1, 0)), avg_pool2d(x, (3, 2), (2, 1), (1, 0), True, False)
+        return conv2d(x, w, **conv_options), avg_pool2d(x, *pool_options)
 
     with counting_compilations() as compiled:
         results = together(work)
     tf32 = not INTERPRETED and torch.backends.cudnn.allow_tf32
     for (x, w), (y, pooled) in zip(inputs, results):
         x64, w64 = x.double().cpu(), w.double().cpu()
-        assert_close(y, F.conv2d(x64, w64, stride=(1, 2), padding=(1, 0)), tol=2e-3 if tf32 else 1e-5)
-        assert_close(pooled, F.avg_pool2d(x64, (3, 2), (2, 1), (1, 0), True, False), tol=1e-5)
+        assert_close(y, F.conv2d(x64, w64, **conv_options), tol=2e-3 if tf32 else 1e-5)
+        assert_close(pooled, F.avg_pool2d(x64, *pool_options), tol=1e-5)
     twice = {key: n for key, n in compiled.items() if n > 1}
     assert not twice, f"kernels compiled more than once: {twice}"
     if not INTERPRETED:
