@@ -36,6 +36,12 @@ def conv_call(module):
     return call
 
 
+def channels_last_call(module):
+    def call(x, params, stats):
+        return module.conv2d(x, *params, padding=1)
+    return call
+
+
 def depthwise_call(module):
     def call(x, params, stats):
         return module.conv2d(x, *params, padding=1, groups=x.shape[1])
@@ -61,6 +67,9 @@ class Ours:
 OPS = {
     "conv2d": (conv_call(Ours), conv_call(F), lambda C: [randn(4, C, 3, 3), randn(4)]),
     "conv2d-depthwise": (depthwise_call(Ours), depthwise_call(F), lambda C: [randn(C, 1, 3, 3), randn(C)]),
+    # 16 channels in and out, groups 1, stride 1: the channels-last kernels, dx as a convolution of dy.
+    "conv2d-channels-last": (channels_last_call(Ours), channels_last_call(F),
+                             lambda C: [randn(16, C, 3, 3), randn(16)]),
     "avg_pool2d": (pool_call(Ours), pool_call(F), lambda C: []),
     "batch_norm-train": (bn_call(Ours, True), bn_call(F, True), lambda C: [randn(C), randn(C)]),
     "batch_norm-eval": (bn_call(Ours, False), bn_call(F, False), lambda C: [randn(C), randn(C)]),
@@ -121,7 +130,7 @@ SPECIAL_CASES = [pytest.param(*case, torch.float32, id=name) for name, case in S
     if not (op == "avg_pool2d" and case.values[0] == "param")  # pooling has no parameter to poison
 ])
 def test_special_values_propagate_like_pytorch(op, where, value, dtype):
-    C = 3
+    C = 16 if op == "conv2d-channels-last" else 3
     x = randn(2, C, 7, 6)
     params = OPS[op][2](C)
     if where == "x":
@@ -217,8 +226,8 @@ LAYOUT_NAMES = [name for name, _ in layouts(torch.zeros(2, 1, 1, 1))]
 
 
 @pytest.mark.parametrize("layout", LAYOUT_NAMES)
-# conv2d makes its inputs contiguous before choosing a kernel, so the depthwise kernels need no second run.
-@pytest.mark.parametrize("op", [op for op in OPS if op != "conv2d-depthwise"])
+# conv2d makes its inputs contiguous before choosing a kernel, so its other kernels need no second run.
+@pytest.mark.parametrize("op", [op for op in OPS if op not in ("conv2d-depthwise", "conv2d-channels-last")])
 def test_non_contiguous_input_and_grad_output(op, layout):
     """x, and the gradient flowing back into the op, in a layout other than contiguous NCHW."""
     x = randn(2, 3, 7, 6)
