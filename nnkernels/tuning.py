@@ -29,6 +29,7 @@ import torch
 from .kernel import INTERPRETED
 
 TUNING_BUDGET_S = 2.0
+GRID_AXIS_MAX = 65535  # CUDA's limit on grid axes 1 and 2
 QUICK_CANDIDATES = 3
 _log = logging.getLogger("nnkernels")
 _lock = threading.Lock()
@@ -225,7 +226,7 @@ def depthwise_config(batch: int, channels: int, pixels: int) -> Config:
     short programs to hide memory latency with, not C long ones."""
     if INTERPRETED:
         return Config(_clamp_pow2(pixels, 16, 4096), _clamp_pow2(pixels, 16, 4096), 1, 4, 1, 1)
-    split = batch
+    split = min(batch, GRID_AXIS_MAX)  # the split is grid axis 1; a program then takes every split-th image
     return Config(_clamp_pow2(pixels, 64, 1024), _clamp_pow2(pixels, 64, 256), 1, 4, 2, split)
 
 
