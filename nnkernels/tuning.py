@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from .kernel import INTERPRETED
+from .ops.conv2d_gemm_forward import GRID_AXIS_MAX
 
 TUNING_BUDGET_S = 2.0
-GRID_AXIS_MAX = 65535  # CUDA's limit on grid axes 1 and 2
 QUICK_CANDIDATES = 3
 _log = logging.getLogger("nnkernels")
 _lock = threading.Lock()
