@@ -11,13 +11,7 @@ import nnkernels.nn as nnk
 from nnkernels.nn import convert
 
 
-@pytest.fixture(autouse=True)
-def exact_fp32():
-    """On the GPU both sides would use TF32 for fp32 convolutions, each rounding differently."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+pytestmark = pytest.mark.usefixtures("exact_fp32")  # tests/conftest.py: TF32 off
 
 
 class MyConv(torch.nn.Conv2d):

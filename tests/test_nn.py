@@ -29,13 +29,7 @@ LAYERS = ([("Conv2d", c) for c in CONV_CONFIGS] + [("AvgPool2d", c) for c in POO
           + [("BatchNorm2d", c) for c in BN_CONFIGS])
 
 
-@pytest.fixture(autouse=True)
-def exact_fp32():
-    """On the GPU both sides would use TF32 for fp32 convolutions, each rounding differently."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+pytestmark = pytest.mark.usefixtures("exact_fp32")  # tests/conftest.py: TF32 off
 
 
 def twin_layers(kind, config):

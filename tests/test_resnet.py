@@ -27,13 +27,6 @@ TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}
 BATCH, IMAGE_SIZE = 8, 64
 
 
-@pytest.fixture
-def exact_fp32():
-    """TF32 off, so fp32 convolutions on both sides are IEEE fp32 and 1e-4 is a fair bound."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def triplets(name, seed=0):
