@@ -28,14 +28,12 @@ FAST = INTERPRETED
 
 
 @pytest.fixture(autouse=True)
-def exact_fp32():
-    """No TF32 while checking derivatives (see the module docstring); float32 warnings silenced."""
-    saved = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
+def float32_derivatives(exact_fp32):
+    """No TF32 while checking derivatives (conftest's exact_fp32; see the module docstring), and gradcheck's
+    warning about float32 inputs silenced."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*double precision floating point.*")
         yield
-    torch.backends.cudnn.allow_tf32 = saved
 
 
 def leaf(*shape):

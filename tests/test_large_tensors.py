@@ -57,18 +57,15 @@ def channel_sums(tensor_fn, batch, per_image):
 
 
 @pytest.fixture
-def memory_budget(monkeypatch):
-    """No TF32 in the references; no block-size tuning (it would compile and time several configs of
-    each kernel on these huge tensors; the offsets under test do not depend on the tile sizes);
-    peak GPU memory of the test under 60 GB."""
+def memory_budget(monkeypatch, exact_fp32):
+    """No TF32 in the references (conftest's exact_fp32); no block-size tuning (it would compile and time
+    several configs of each kernel on these huge tensors; the offsets under test do not depend on the tile
+    sizes); peak GPU memory of the test under 60 GB."""
     monkeypatch.setenv("NNKERNELS_TUNE", "off")
-    saved = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     yield
-    torch.backends.cudnn.allow_tf32 = saved
     if DEVICE == "cuda":
         peak = torch.cuda.max_memory_allocated()
         torch.cuda.empty_cache()
