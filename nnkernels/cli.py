@@ -207,9 +207,7 @@ def bench(quick, out, ops):
     for op in ops or bench_package.SUITES:
         with console.status(f"benchmarking {op} ..."):
             rows = importlib.import_module(f"nnkernels.bench.{op}").run(quick)
-        click.echo(harness.table(rows, f"nnkernels bench {op}"))
-        harness.write_csv(rows, out / f"{op}.csv")
-        harness.plot(rows, out / f"{op}.png", f"nnkernels {op}: speed-up over PyTorch")
+        click.echo(harness.report(rows, out, op, f"nnkernels bench {op}: speed-up over PyTorch"))
         click.echo(f"wrote {out / f'{op}.csv'} and {out / f'{op}.png'}\n")
 
 

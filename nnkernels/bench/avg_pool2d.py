@@ -110,10 +110,7 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="after the table, time tile sizes and warp counts")
     args = parser.parse_args()
     rows = run(quick=args.quick)
-    harness.write_csv(rows, args.out / "avg_pool2d.csv")
-    title = f"avg_pool2d: nnkernels (gather) vs PyTorch; {BYTES_FORMULA}"
-    harness.plot(rows, args.out / "avg_pool2d.png", "avg_pool2d: speed-up over PyTorch")
-    print(harness.table(rows, title))
+    print(harness.report(rows, args.out, "avg_pool2d", f"avg_pool2d: nnkernels (gather) vs PyTorch; {BYTES_FORMULA}"))
     if args.sweep:
         print(sweep())
 

@@ -151,9 +151,7 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="after the table, time plans and warp counts")
     args = parser.parse_args()
     rows = run(quick=args.quick)
-    harness.write_csv(rows, args.out / "batch_norm.csv")
-    harness.plot(rows, args.out / "batch_norm.png", "batch_norm: speed-up over PyTorch")
-    print(harness.table(rows, f"batch_norm: nnkernels vs PyTorch; {BYTES_FORMULA}"))
+    print(harness.report(rows, args.out, "batch_norm", f"batch_norm: nnkernels vs PyTorch; {BYTES_FORMULA}"))
     if args.sweep:
         print(sweep())
 

@@ -202,11 +202,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     rows = run(quick=args.quick, layers=args.layers.split(",") if args.layers else None,
                precisions=args.precisions.split(",") if args.precisions else None, seed=not args.no_seed)
-    title = "conv2d: nnkernels vs PyTorch/cuDNN, NCHW"
-    harness.write_csv(rows, args.out / "conv2d.csv")
-    harness.plot(rows, args.out / "conv2d.png", title)
     print(summary(rows))
-    print(harness.table(rows, title))
+    print(harness.report(rows, args.out, "conv2d", "conv2d: nnkernels vs PyTorch/cuDNN, NCHW"))
 
 
 def summary(rows) -> str:

@@ -128,3 +128,10 @@ def table(rows: list[Row], title: str) -> str:
                      + "".join(f" {k}={v}" for k, v in r.extra.items()))
     lines.append(f"geometric mean speed-up: {geomean(r.speedup for r in rows):.3f}x over {len(rows)} rows")
     return "\n".join(lines)
+
+
+def report(rows: list[Row], out: Path, suite: str, title: str) -> str:
+    """Write `<suite>.csv` and `<suite>.png` into `out`; return the table under `title`."""
+    write_csv(rows, out / f"{suite}.csv")
+    plot(rows, out / f"{suite}.png", title)
+    return table(rows, title)
