@@ -1,0 +1,97 @@
+"""Layout change NCHW -> NHWC: `ChannelsLastCopy`, and `channels_last(t)` that launches it.
+
+The channels-last convolution kernels read copies of their inputs with channels last. Measured
+on the H200 (B32 C64 56x56 bf16), `t.permute(0, 2, 3, 1).contiguous()` takes 36 us where one
+memory pass at 4.27 TB/s takes 6 us; a tile transpose (a tile read along pixels, written along
+channels; 64x64 measured best) took 11.1 us. The same kernel turns a weight
+[C_OUT, C_IN, KH, KW] into [C_OUT, KH, KW, C_IN] (B = C_OUT, C = C_IN, HW = KH*KW).
+"""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..kernel import DTYPE_NAMES, INT32_MAX, INTERPRETED, kernel_object
+from .checks import check_grid, check_numel
+
+# The interpreter runs programs one by one at a fixed cost each: there a tile may cover this
+# many elements, so that a small problem takes few programs.
+INTERPRETED_TILE_ELEMENTS = 4096
+
+
+def channels_last_tiles(c, hw, interpreted=INTERPRETED):
+    """(BLOCK_C, BLOCK_P) for a [B, c, hw] -> [B, hw, c] copy: 64x64 compiled (measured best on
+    the H200), and in the interpreter one tile of up to 4096 elements covering as much as it can."""
+    if not interpreted:
+        return 64, 64
+    block_c = min(triton.next_power_of_2(c), 64)
+    block_p = min(triton.next_power_of_2(hw), INTERPRETED_TILE_ELEMENTS // block_c)
+    return block_c, block_p
+
+
+def channels_last_copy_entry(k, a):
+    """Grid (B * cdiv(C, BLOCK_C) * cdiv(HW, BLOCK_P),) for `ChannelsLastCopy`."""
+    if a.C * a.HW > INT32_MAX:
+        raise ValueError(f"C, HW: expected C*HW <= 2**31 - 1 elements per image, got {a.C}*{a.HW} = {a.C * a.HW}")
+    check_numel("x", a.x, a.B * a.C * a.HW, "B*C*HW")
+    check_numel("y", a.y, a.B * a.HW * a.C, "B*HW*C")
+    grid = check_grid(a.B * triton.cdiv(a.C, k.block_c) * triton.cdiv(a.HW, k.block_p))
+    x_first, y_first = a.x.data_ptr(), a.y.data_ptr()
+    nbytes = a.x.numel() * a.x.element_size()
+    if x_first < y_first + nbytes and y_first < x_first + nbytes:
+        raise ValueError("y: expected memory that does not overlap x's (the copy reads x while it writes y)")
+    return grid
+
+
+@triton.jit
+def channels_last_copy(x, y, B, C, HW, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Copy [B, C, HW] into [B, HW, C] (NCHW -> NHWC with HW = H*W), a tile transpose.
+
+    Grid: (B * cdiv(C, BLOCK_C) * cdiv(HW, BLOCK_P),). Program i, with i = (b*cdiv(C, BLOCK_C) + tc)
+    * cdiv(HW, BLOCK_P) + tp, reads the BLOCK_C x BLOCK_P tile of image b at channels
+    c in [tc*BLOCK_C, (tc+1)*BLOCK_C) and pixels p in [tp*BLOCK_P, (tp+1)*BLOCK_P) and writes
+        y[b, p, c] = x[b, c, p]
+    for those inside C and HW. x and y contiguous, not overlapping; C*HW < 2**31 (offsets inside
+    one image are i32, image offsets i64). Every element of y is written, once, bit for bit.
+    """
+    pid = tl.program_id(0)
+    num_p_tiles = tl.cdiv(HW, BLOCK_P)
+    num_c_tiles = tl.cdiv(C, BLOCK_C)
+    p_first = (pid % num_p_tiles) * BLOCK_P
+    c_first = ((pid // num_p_tiles) % num_c_tiles) * BLOCK_C
+    b = pid // (num_p_tiles * num_c_tiles)
+    image = b.to(tl.int64) * C * HW
+    c = tl.arange(0, BLOCK_C)
+    p = tl.arange(0, BLOCK_P)
+    inside = ((c_first + c) < C)[:, None] & ((p_first + p) < HW)[None, :]
+    # Offsets from the tile's corner stay below C*HW < 2**31 on every lane the mask keeps.
+    tile = tl.load(x + (image + c_first.to(tl.int64) * HW + p_first) + (c[:, None] * HW + p[None, :]), mask=inside)
+    tl.store(y + (image + p_first.to(tl.int64) * C + c_first) + (p[None, :] * C + c[:, None]), tile, mask=inside)
+
+
+ChannelsLastCopy = kernel_object(channels_last_copy, example=(64, 64), entry=channels_last_copy_entry, num_warps=4)
+
+
+@functools.lru_cache(maxsize=None)
+def channels_last_kernel(block_c, block_p, dtype):
+    """The `ChannelsLastCopy` instance for these tiles and element type, made once."""
+    return ChannelsLastCopy(block_c, block_p, dtype=dtype)
+
+
+def channels_last(t):
+    """`t.permute(0, 2, 3, 1).contiguous()` for a contiguous [N, C, H, W] tensor, by `ChannelsLastCopy`."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"t: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"t: expected a 4-D [N, C, H, W] tensor, got shape {tuple(t.shape)}")
+    if t.dtype not in DTYPE_NAMES:
+        raise TypeError(f"t: expected dtype torch.float32, torch.float16 or torch.bfloat16, got {t.dtype}")
+    if not t.is_contiguous():
+        raise ValueError(f"t: expected a contiguous tensor, got strides {tuple(t.stride())}")
+    n, c, h, w = t.shape
+    y = torch.empty((n, h, w, c), dtype=t.dtype, device=t.device)
+    if y.numel():
+        kernel = channels_last_kernel(*channels_last_tiles(c, h * w), t.dtype)
+        kernel.launch(t, y, n, c, h * w)
+    return y

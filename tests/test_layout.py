@@ -1,0 +1,116 @@
+"""NCHW -> NHWC copies (`ChannelsLastCopy`, `channels_last`): bit-exact against
+`t.permute(0, 2, 3, 1).contiguous()` for every dtype, on ragged tiles, tiny channel and pixel
+counts (conv weights), and batches past CUDA's 65535 on the GPU; bad input writes nothing."""
+import pytest
+import torch
+from support import DEVICE, DTYPES, dtype_id, gpu, poisoned, randn
+
+from nnkernels.kernel import INT32_MAX
+from nnkernels.ops.layout import ChannelsLastCopy, channels_last, channels_last_tiles
+
+
+def reference(t):
+    return t.permute(0, 2, 3, 1).contiguous()
+
+
+def assert_same(out, ref):
+    assert out.shape == ref.shape and out.dtype == ref.dtype, f"{out.shape} {out.dtype} != {ref.shape} {ref.dtype}"
+    assert out.is_contiguous()
+    assert torch.equal(out, ref), f"{int((out != ref).sum())} elements differ (NaN: unwritten)"
+
+
+SHAPES = [(2, 3, 5, 7), (1, 1, 1, 1), (3, 17, 1, 1), (2, 64, 9, 9), (20, 3, 7, 7)]  # (20, 3, 7, 7): a conv weight
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_channels_last_equals_permute(shape, dtype):
+    t = randn(*shape, dtype=dtype)
+    assert_same(channels_last(t), reference(t))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize(
+    "shape, tiles",
+    [((2, 37, 5, 7), (16, 16)),  # C over 3 tiles and HW = 35 over 3 tiles, both ragged
+     ((2, 70, 9, 9), (64, 64)),  # the GPU's tiles: C = 70 and HW = 81 each spill into a second tile
+     ((2, 3, 1, 2), (1, 1))],  # one element per program
+    ids=["16x16", "64x64", "1x1"],
+)
+def test_kernel_object_writes_every_element(shape, tiles, dtype):
+    b, c, h, w = shape
+    x = randn(*shape, dtype=dtype)
+    y = poisoned(b, h, w, c, dtype=dtype)
+    ChannelsLastCopy(*tiles, dtype=dtype).launch(x, y, b, c, h * w)
+    assert_same(y, reference(x))
+
+
+@pytest.mark.parametrize("shape", [(0, 3, 4, 4), (2, 0, 3, 3), (2, 3, 0, 5)])
+def test_empty_tensors_give_an_empty_result(shape):
+    t = randn(*shape)
+    assert_same(channels_last(t), reference(t))
+
+
+def test_tiles():
+    assert channels_last_tiles(3, 9, interpreted=False) == (64, 64)
+    for c, hw in ((3, 9), (64, 81), (1, 10**6), (10**6, 1), (70, 3136)):
+        block_c, block_p = channels_last_tiles(c, hw, interpreted=True)
+        assert block_c * block_p <= 4096
+        assert block_c >= min(c, 64) and block_p >= min(hw, 4096 // block_c), "a tile covers what it can"
+
+
+@pytest.mark.parametrize(
+    "make, exception, message",
+    [pytest.param(lambda: randn(2, 3, 4), ValueError, r"^t: expected a 4-D", id="3-d"),
+     pytest.param(lambda: torch.ones(2, 3, 4, 4, dtype=torch.int32, device=DEVICE), TypeError, r"^t: expected dtype",
+                  id="int32"),
+     pytest.param(lambda: randn(2, 3, 4, 4, dtype=torch.float64), TypeError, r"^t: expected dtype", id="float64"),
+     pytest.param(lambda: randn(2, 4, 4, 3).permute(0, 3, 1, 2), ValueError, r"^t: expected a contiguous",
+                  id="strided"),
+     pytest.param(lambda: [[1.0]], TypeError, r"^t: expected a torch.Tensor", id="list")],
+)
+def test_channels_last_refuses(make, exception, message):
+    with pytest.raises(exception, match=message):
+        channels_last(make())
+
+
+def test_kernel_object_refuses_and_writes_nothing():
+    kernel = ChannelsLastCopy(16, 16)
+    x = randn(2, 3, 4, 5)
+    x_before = x.clone()
+    y = poisoned(2, 4, 5, 3)
+    for args, exception, message in [
+        ((x, poisoned(2, 4, 5, 2), 2, 3, 20), ValueError, r"^y: expected B\*HW\*C = 120 elements, got 80"),
+        ((x, y, 2, 3, 21), ValueError, r"^x: expected B\*C\*HW = 126 elements, got 120"),
+        ((x, y, 2, 3, 0), ValueError, r"^HW: expected an int in \[1, 2\*\*31 - 1\]"),
+        ((x, y, 1, 2**16, 2**15), ValueError, r"^C, HW: expected C\*HW <= 2\*\*31 - 1 elements per image"),
+        ((x, y.double(), 2, 3, 20), TypeError, r"^y: expected dtype torch.float32"),
+        ((x, y.view(2, 20, 3).transpose(1, 2), 2, 3, 20), ValueError, r"^y: expected a contiguous tensor"),
+        ((x, x, 2, 3, 20), ValueError, r"^y: expected memory that does not overlap x's"),
+        ((x, y, 2, 3), TypeError, r"launch takes 5 arguments"),
+    ]:
+        with pytest.raises(exception, match=message):
+            kernel.launch(*args)
+        assert torch.isnan(y).all() and torch.equal(x, x_before)
+
+
+def test_impossible_grid_is_a_clear_error():
+    """1x1 tiles on 2**32 elements (meta tensors: sizes without memory) need more programs than a grid holds."""
+    x = torch.empty(2**16, 2**8, 2**8, device="meta")
+    y = torch.empty(2**16, 2**8, 2**8, device="meta")
+    with pytest.raises(ValueError, match=r"^grid: 4294967296 programs exceed the 2\*\*31 - 1"):
+        ChannelsLastCopy(1, 1).launch(x, y, 2**16, 2**8, 2**8)
+    assert 2**16 * 2**8 * 2**8 > INT32_MAX
+
+
+@gpu
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [((70000, 2, 1, 1), torch.float32),  # a batch past grid axes 1 and 2's limit of 65535
+     ((100000, 3, 3, 3), torch.bfloat16),  # a weight with 100000 output channels
+     ((32, 64, 56, 56), torch.bfloat16)],  # the shape the kernel was measured on
+    ids=["batch-70000", "weight-100000", "B32-C64-56x56"],
+)
+def test_large_batches_on_the_gpu(shape, dtype):
+    t = randn(*shape, dtype=dtype)
+    assert_same(channels_last(t), reference(t))
