@@ -285,6 +285,7 @@ def kernel_object(
     num_warps: int = 4,
     num_stages: int = 3,
     seed: bool = False,
+    helpers: tuple = (),
 ):
     """Make a kernel class from a `@triton.jit` function (see module docstring); its name is the
     function's in CamelCase (`conv2d_backward` -> `Conv2dBackward`).
@@ -292,7 +293,8 @@ def kernel_object(
     `entry(kernel, args) -> grid` is the kernel's launcher: it checks the sizes in `args` (a
     namespace of the launch arguments by name) against the tensors and returns the grid.
     `example` holds the constants of a representative instance: what `nnkernels compile`
-    builds when it is asked for the whole catalogue.
+    builds when it is asked for the whole catalogue. `helpers` are the `@triton.jit` functions the
+    kernel calls: their sources join the kernel's, and so its content hash.
     """
 
     fn = getattr(jitted, "fn", jitted)
@@ -328,7 +330,7 @@ def kernel_object(
         _default_num_stages=num_stages,
         _runner=triton.jit(repr=symbol)(fn),
         _compile_fn=JITFunction(fn, repr=symbol),
-        _kernel_source=_body_source(fn),
+        _kernel_source="\n\n".join(_body_source(getattr(f, "fn", f)) for f in (fn, *helpers)),
         _entry_point_source=_body_source(entry) + "\n\n" + _body_source(KernelObject.launch),
     )
     cls = type(class_name, (KernelObject,), attrs)

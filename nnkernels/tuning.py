@@ -243,12 +243,20 @@ def _pow2_dividing(n: int) -> int:
     return n & -n
 
 
-def channels_last_candidates(m: int, n: int, c_in: int, dtype: torch.dtype) -> list[Config]:
-    """`gemm_candidates` for the channels-last kernels, whose K slices must not straddle taps:
-    BLOCK_K divides C_IN."""
+def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: int, dtype: torch.dtype) -> list[Config]:
+    """`gemm_candidates` for the channels-last forward kernel, whose pixel tiles lie inside one
+    image (no wider than the image, rounded up to a power of two, and at least the 64 rows of a
+    Hopper warpgroup MMA) and whose K slices must not straddle taps (BLOCK_K divides C_IN). When
+    the first guess leaves SMs idle (fewer than two programs per SM), narrower channel tiles go first."""
     limit = _pow2_dividing(c_in)
-    found = [Config(c.block_m, c.block_n, min(c.block_k, limit), c.num_warps, c.num_stages)
-             for c in gemm_candidates(m, n, c_in, dtype)]
+    widest = _clamp_pow2(pixels_per_image, 16, 4096) if INTERPRETED else max(64, pow2_at_least(pixels_per_image))
+    found = [Config(min(c.block_m, widest), c.block_n, min(c.block_k, limit), c.num_warps, c.num_stages)
+             for c in gemm_candidates(batch * pixels_per_image, n, c_in, dtype)]
+    if not INTERPRETED:
+        first = found[0]
+        programs = batch * -(-pixels_per_image // first.block_m) * -(-n // first.block_n)
+        if programs < 2 * _num_sms() and first.block_n > 64:
+            found.insert(0, Config(first.block_m, 64, first.block_k, 4, first.num_stages))
     return list(dict.fromkeys(found))
 
 
@@ -259,6 +267,15 @@ def channels_last_dw_candidates(m: int, c_in: int, taps: int, pixels: int, dtype
     found = [Config(c.block_m, min(c.block_n, limit), c.block_k, c.num_warps, c.num_stages, c.split)
              for c in dw_candidates(m, c_in * taps, pixels, 1, dtype)]
     return list(dict.fromkeys(found))
+
+
+def reduce_block(row: int) -> int:
+    """Columns per program of the dw reduce: enough programs for two per SM (each sums SPLIT rows
+    one after another, so it is latency-bound; measured 11 us for 36 programs of 1024 on the
+    H200), 128 to 1024 columns; the interpreter takes 1024."""
+    if INTERPRETED:
+        return 1024
+    return _clamp_pow2(row // (2 * _num_sms()), 128, 1024)
 
 
 def pointwise_config(c_out: int, c_in: int, pixels: int, dtype: torch.dtype) -> Config:

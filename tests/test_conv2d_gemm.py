@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from nnkernels.ops.conv2d_gemm_channels_last import Conv2dGemmClDw, Conv2dGemmClForward
+from nnkernels.ops.conv2d_gemm_channels_last_dx import Conv2dGemmClDx
 from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw, dw_partial_size
 from nnkernels.ops.conv2d_gemm_dx import Conv2dGemmDx
 from nnkernels.ops.conv2d_gemm_forward import Conv2dGemmForward
@@ -115,6 +116,30 @@ def test_channels_last_kernels_match_float64(dtype):
         assert_close(out, ref, dtype)
     with pytest.raises(ValueError, match="C_IN: expected a multiple of block_k"):
         Conv2dGemmClForward(*geometry, True, False, 32, 16, 64, dtype=dtype).launch(x_cl, w_cl, bias, y, *sizes)
+
+
+# (B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dilation): C_OUT a multiple of BLOCK_K = 16, C_IN anything.
+CL_DX_CASES = [
+    pytest.param((2, 3, 16, 11, 10, 7, 7, (2, 2), (3, 3), (1, 1)), id="stem-7x7-s2-cin3"),
+    pytest.param((2, 20, 32, 7, 6, 3, 3, (1, 1), (1, 1), (1, 1)), id="3x3-s1"),
+    pytest.param((1, 17, 16, 9, 8, 3, 2, (2, 3), (2, 0), (2, 1)), id="rect-stride23-dil2"),
+    pytest.param((2, 5, 16, 5, 5, 1, 1, (2, 2), (0, 0), (1, 1)), id="1x1-s2"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", CL_DX_CASES)
+def test_channels_last_dx_matches_float64(case, dtype):
+    """dx from channels-last dy, every phase of every stride; pixels and channels ragged in the tiles."""
+    B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dil = case
+    OH, OW = _conv_sizes(B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dil)
+    x, w, dy = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, KH, KW, dtype=dtype), randn(B, C_OUT, OH, OW,
+                                                                                                  dtype=dtype)
+    dx = poisoned(B, C_IN, H, W, dtype=dtype)
+    kernel = Conv2dGemmClDx(KH, KW, *stride, *pad, *dil, False, 32, 16, 16, dtype=dtype)
+    kernel.launch(dy.permute(0, 2, 3, 1).contiguous(), w.permute(2, 3, 0, 1).contiguous(), dx, B, C_IN, C_OUT, H, W,
+                  OH, OW)
+    assert_close(dx, _references(x, w, None, dy, stride, pad, dil, 1)[1], dtype)
 
 
 @gpu

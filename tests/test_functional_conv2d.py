@@ -143,7 +143,8 @@ def test_kernels_for_names_the_choice():
     depthwise = kernels_for((2, 8, 6, 6), (8, 1, 3, 3), groups=8)
     assert depthwise[0].startswith("conv2d_depthwise_forward") and depthwise[2].startswith("conv2d_depthwise_dw")
     gemm = kernels_for((2, 8, 6, 6), (16, 8, 3, 3), padding=1, bias=True, dtype=torch.bfloat16)
-    assert [k.split("__")[0] for k in gemm] == ["conv2d_gemm_forward", "conv2d_gemm_dx", "conv2d_gemm_dw",
+    # 8 input channels: forward and dw on NCHW; 16 output channels: dx from a channels-last dy.
+    assert [k.split("__")[0] for k in gemm] == ["conv2d_gemm_forward", "conv2d_gemm_cl_dx", "conv2d_gemm_dw",
                                                "conv2d_dw_reduce"]
     assert all("__bf16__" in k for k in gemm)
     assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm}

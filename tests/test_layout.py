@@ -6,7 +6,8 @@ import torch
 from support import DEVICE, DTYPES, dtype_id, gpu, poisoned, randn
 
 from nnkernels.kernel import INT32_MAX
-from nnkernels.ops.layout import ChannelsLastCopy, channels_last, channels_last_tiles
+from nnkernels.functional.layout import channels_last
+from nnkernels.ops.layout import ChannelsLastCopy, channels_last_tiles
 
 
 def reference(t):

@@ -5,8 +5,8 @@ one opaque op each: `nnkernels::conv2d` (forward) and `nnkernels::conv2d_backwar
 dbias, each only when asked). Per shape the op picks its kernels from the catalogue: the
 direct depthwise kernels when groups == C_IN == C_OUT, the implicit-GEMM tensor-core kernels
 otherwise: on channels-last copies of the inputs when groups == 1 and the channel counts are
-multiples of 16 (vector loads; dx through the forward kernel when the stride is 1; the forward
-of a 1x1 convolution excepted), straight from NCHW else. Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a
+multiples of 16 (vector loads; the forward of a 1x1 convolution excepted; for dx only C_OUT
+must be), straight from NCHW else. Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a
 call uses, and every launch is logged at DEBUG level on the "nnkernels" logger.
 """
 from __future__ import annotations
@@ -20,17 +20,21 @@ from torch import Tensor
 
 from .. import tuning
 from ..ops.conv2d_gemm_channels_last import Conv2dGemmClDw, Conv2dGemmClForward
+from ..ops.conv2d_gemm_channels_last_dx import Conv2dGemmClDx
 from ..ops.conv2d_depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward
 from ..ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw, dw_partial_size
 from ..ops.conv2d_gemm_dx import Conv2dGemmDx
 from ..ops.conv2d_gemm_forward import Conv2dGemmForward
 from ..ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw
+from ..ops.layout import ChannelsLastCopy
+from .layout import channels_last
 
 # The kernel classes this op launches (what `nnkernels list` shows against conv2d).
 KERNELS = (
     Conv2dPointwise,
     Conv2dPointwiseDw,
     Conv2dGemmClForward,
+    Conv2dGemmClDx,
     Conv2dGemmClDw,
     Conv2dGemmForward,
     Conv2dGemmDx,
@@ -39,9 +43,9 @@ KERNELS = (
     Conv2dDepthwiseForward,
     Conv2dDepthwiseDx,
     Conv2dDepthwiseDw,
+    ChannelsLastCopy,
 )
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-REDUCE_BLOCK = 1024
 CHANNELS_LAST_MULTIPLE = 16
 INT32_LIMIT = 2**31
 # One launch indexes its pixels (b, oh, ow) and (b, ih, iw) in int32; larger batches go in slices.
@@ -194,10 +198,9 @@ class _Problem:
         # The forward's channels-last copy of x pays off over KH*KW taps; for a 1x1 convolution
         # the NCHW kernel measured faster on the H200 (bf16 0.23 vs 0.27 ms, TF32 0.18 vs 0.31 ms).
         self.forward_channels_last = self.channels_last and self.KH * self.KW > 1 and not self.pointwise
-        # dx of a stride-1 convolution is a convolution of dy with padding dil*(k-1) - pad.
-        self.dx_padding = tuple(d * (k - 1) - p for d, k, p in zip(dilation, (self.KH, self.KW), padding))
-        self.dx_as_forward = (self.channels_last and stride == (1, 1) and min(self.dx_padding) >= 0
-                              and not self.pointwise)
+        # dx's K slices run over C_OUT only, so any C_IN will do (the 3-channel stem's included).
+        self.dx_channels_last = (groups == 1 and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0 and not self.pointwise
+                                 and not self.depthwise)
         self.tf32 = _tf32(dtype)
         self.key = (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.geometry, groups, str(dtype), self.tf32,
                     has_bias)
@@ -214,20 +217,24 @@ class _Problem:
         return self.sizes
 
     def cl_forward_candidates(self):
-        return tuning.channels_last_candidates(self.B * self.OH * self.OW, self.C_OUT, self.C_IN, self.dtype)
+        return tuning.channels_last_candidates(self.B, self.OH * self.OW, self.C_OUT, self.C_IN, self.dtype)
 
     def cl_dx_candidates(self):
-        return tuning.channels_last_candidates(self.B * self.H * self.W, self.C_IN, self.C_OUT, self.dtype)
+        s_h, s_w = self.geometry[2:4]
+        pixels_per_phase = -(-self.H // s_h) * -(-self.W // s_w)
+        return tuning.channels_last_candidates(self.B, pixels_per_phase, self.C_IN, self.C_OUT, self.dtype)
 
     def cl_dw_candidates(self):
         return tuning.channels_last_dw_candidates(self.C_OUT, self.C_IN, self.KH * self.KW,
                                                   self.B * self.OH * self.OW, self.dtype)
 
-    def cl_forward_kernel(self, config, for_dx=False):
-        geometry = self.geometry if not for_dx else (self.KH, self.KW, 1, 1, *self.dx_padding, *self.dilation)
-        constants = geometry + (self.has_bias and not for_dx, self.tf32, config.block_m, config.block_n,
-                                config.block_k)
+    def cl_forward_kernel(self, config):
+        constants = self.geometry + (self.has_bias, self.tf32, config.block_m, config.block_n, config.block_k)
         return _kernel(Conv2dGemmClForward, constants, self.dtype, config.num_warps, config.num_stages)
+
+    def cl_dx_kernel(self, config):
+        constants = self.geometry + (self.tf32, config.block_m, config.block_n, config.block_k)
+        return _kernel(Conv2dGemmClDx, constants, self.dtype, config.num_warps, config.num_stages)
 
     def cl_dw_kernel(self, config, with_bias):
         constants = self.geometry + (with_bias, self.tf32, config.block_m, config.block_n, config.block_k)
@@ -286,7 +293,8 @@ class _Problem:
         return _kernel(Conv2dPointwiseDw, constants, self.dtype, config.num_warps, config.num_stages), config.split
 
     def reduce_kernel(self, with_bias):
-        return _kernel(Conv2dDwReduce, (with_bias, REDUCE_BLOCK), self.dtype, 4, 1)
+        row = dw_partial_size(self.C_OUT, self.cin_per_group, self.KH, self.KW, with_bias)
+        return _kernel(Conv2dDwReduce, (with_bias, tuning.reduce_block(row)), self.dtype, 4, 1)
 
 
 def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype=torch.float32,
@@ -313,9 +321,9 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
     else:
         kernels = [problem.forward_kernel(tuning.peek("conv2d_forward", problem.key, problem.forward_candidates()))]
     if backward:
-        if problem.dx_as_forward:
+        if problem.dx_channels_last:
             config = tuning.peek("conv2d_cl_dx", problem.key, problem.cl_dx_candidates())
-            kernels.append(problem.cl_forward_kernel(config, for_dx=True))
+            kernels.append(problem.cl_dx_kernel(config))
         else:
             kernels.append(problem.dx_kernel(tuning.peek("conv2d_dx", problem.key, problem.dx_candidates())))
         if problem.channels_last:
@@ -326,11 +334,6 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
                                              bias))
         kernels.append(problem.reduce_kernel(bias))
     return [k.id for k in kernels]
-
-
-def _channels_last(t):
-    """A [N, C, H, W] tensor's contiguous [N, H, W, C] copy."""
-    return t.permute(0, 2, 3, 1).contiguous()
 
 
 def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, full=False):
@@ -351,9 +354,9 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
         return
     pick = (lambda found: found) if full else (lambda found: found[:tuning.QUICK_CANDIDATES])
     p = problem
-    x_cl = _channels_last(x) if p.channels_last else None
+    x_cl = channels_last(x) if p.channels_last else None
     if p.forward_channels_last:
-        w_cl = _channels_last(weight)
+        w_cl = channels_last(weight)
         for config in pick(p.cl_forward_candidates()):
             _launch(p.cl_forward_kernel(config), x_cl, w_cl, bias_arg, y, *p.sizes)
     else:
@@ -361,13 +364,13 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
             _launch(p.forward_kernel(config), x, weight, bias_arg, y, *p.sizes)
     if not backward:
         return
-    y_cl = _channels_last(y) if p.channels_last else None  # the forward's output stands in for dy
+    # the forward's output stands in for dy
+    y_cl = channels_last(y) if p.channels_last or p.dx_channels_last else None
     dx = torch.empty_like(x)
-    if p.dx_as_forward:
-        flipped_cl = weight.flip(2, 3).permute(1, 2, 3, 0).contiguous()
+    if p.dx_channels_last:
+        w_t = weight.permute(2, 3, 0, 1).contiguous()
         for config in pick(p.cl_dx_candidates()):
-            _launch(p.cl_forward_kernel(config, for_dx=True), y_cl, flipped_cl, dx, dx,
-                    p.B, p.C_OUT, p.C_IN, p.OH, p.OW, p.H, p.W)
+            _launch(p.cl_dx_kernel(config), y_cl, w_t, dx, *p.sizes)
     else:
         for config in pick(p.dx_candidates()):
             _launch(p.dx_kernel(config), y, weight, dx, *p.sizes)
@@ -398,7 +401,7 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
         return y
 
     if problem.forward_channels_last:
-        x_cl, w_cl = _channels_last(x), _channels_last(weight)
+        x_cl, w_cl = channels_last(x), channels_last(weight)
 
         def run_cl(config):
             _launch(problem.cl_forward_kernel(config), x_cl, w_cl, bias_arg, y, *problem.sizes)
@@ -415,15 +418,13 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
 
 def _dx(grad_y, weight, problem, device, grad_y_cl=None):
     dx = torch.empty(problem.B, problem.C_IN, problem.H, problem.W, dtype=problem.dtype, device=device)
-    if problem.dx_as_forward:
-        flipped_cl = weight.flip(2, 3).permute(1, 2, 3, 0).contiguous()  # [C_IN, KH, KW, C_OUT]
-        p = problem
-        sizes = (p.B, p.C_OUT, p.C_IN, p.OH, p.OW, p.H, p.W)
+    if problem.dx_channels_last:
+        w_t = weight.permute(2, 3, 0, 1).contiguous()  # [KH, KW, C_OUT, C_IN]: tiny
 
         def run_cl(config):
-            _launch(p.cl_forward_kernel(config, for_dx=True), grad_y_cl, flipped_cl, dx, dx, *sizes)
+            _launch(problem.cl_dx_kernel(config), grad_y_cl, w_t, dx, *problem.sizes)
 
-        run_cl(tuning.choose("conv2d_cl_dx", p.key, p.cl_dx_candidates(), run_cl))
+        run_cl(tuning.choose("conv2d_cl_dx", problem.key, problem.cl_dx_candidates(), run_cl))
         return dx
     if problem.depthwise:
         _launch(problem.dx_kernel(problem.depthwise_config()), grad_y, weight, dx, *problem.launch_sizes)
@@ -462,7 +463,7 @@ def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None):
         _launch(kernel, grad_y, x, partial, problem.B, problem.C_IN, problem.C_OUT, problem.H * problem.W, split)
         _launch(reduce, partial, dw, dbias if with_bias else dw, split, n_dw, problem.C_OUT)
     elif problem.channels_last:
-        x_cl = _channels_last(x)
+        x_cl = channels_last(x)
 
         def run_cl(config):
             partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
@@ -542,9 +543,9 @@ def _backward(grad_y, x, weight, stride, padding, dilation, groups, need_dx, nee
     if tuple(grad_y.shape) != expected or grad_y.dtype != x.dtype or grad_y.device != x.device:
         raise ValueError(f"grad_y: expected {x.dtype} of shape {expected} on {x.device}, got {grad_y.dtype} "
                          f"{tuple(grad_y.shape)} on {grad_y.device}")
-    needs_cl = (need_dx and problem.dx_as_forward) or (
+    needs_cl = (need_dx and problem.dx_channels_last) or (
         (need_dw or need_dbias) and problem.channels_last and not problem.pointwise)
-    grad_y_cl = _channels_last(grad_y) if needs_cl else None
+    grad_y_cl = channels_last(grad_y) if needs_cl else None
     dx = _dx(grad_y, weight, problem, x.device, grad_y_cl) if need_dx else x.new_empty(0)
     dw, dbias = x.new_empty(0), x.new_empty(0)
     if need_dw or need_dbias:

@@ -24,6 +24,27 @@ def conv2d_gemm_dx_entry(k, a):
 
 
 @triton.jit
+def phase_taps(phase, K: tl.constexpr, STRIDE: tl.constexpr, PAD: tl.constexpr, DIL: tl.constexpr):
+    """The taps of one axis that reach the dx pixels of one phase, for the gather-form dx kernels.
+
+    Pixel i of `phase` (input index phase + i*STRIDE) is reached by tap k iff
+    k*DIL = phase + PAD (mod STRIDE): `count` taps first + t*step (t < count), an arithmetic
+    progression; tap t reads dy at index i + shift - t*delta (exact divisions). Returns
+    (count, first, step, shift, delta); with count 0 the others are unused.
+    """
+    count = phase * 0
+    first = phase * 0
+    second = phase * 0
+    for k in tl.static_range(K):
+        hit = (phase + PAD - k * DIL) % STRIDE == 0
+        first = tl.where(hit & (count == 0), k, first)
+        second = tl.where(hit & (count == 1), k, second)
+        count += hit.to(tl.int32)
+    step = tl.maximum(second - first, 1)
+    return count, first, step, (phase + PAD - first * DIL) // STRIDE, step * DIL // STRIDE
+
+
+@triton.jit
 def conv2d_gemm_dx(
     dy, w, dx, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
@@ -52,30 +73,8 @@ def conv2d_gemm_dx(
     cin_per_group = C_IN // G
     cout_per_group = C_OUT // G
     taps: tl.constexpr = KH * KW
-    # The taps reaching this phase: kh*DIL_H = phase_h + PAD_H (mod STRIDE_H), an arithmetic progression.
-    count_h = phase_h * 0
-    first_h = phase_h * 0
-    second_h = phase_h * 0
-    for kh in tl.static_range(KH):
-        hit = (phase_h + PAD_H - kh * DIL_H) % STRIDE_H == 0
-        first_h = tl.where(hit & (count_h == 0), kh, first_h)
-        second_h = tl.where(hit & (count_h == 1), kh, second_h)
-        count_h += hit.to(tl.int32)
-    count_w = phase_w * 0
-    first_w = phase_w * 0
-    second_w = phase_w * 0
-    for kw in tl.static_range(KW):
-        hit = (phase_w + PAD_W - kw * DIL_W) % STRIDE_W == 0
-        first_w = tl.where(hit & (count_w == 0), kw, first_w)
-        second_w = tl.where(hit & (count_w == 1), kw, second_w)
-        count_w += hit.to(tl.int32)
-    step_h = tl.maximum(second_h - first_h, 1)
-    step_w = tl.maximum(second_w - first_w, 1)
-    # Tap (first + t*step) reads dy at oh = row + shift - t*(step*DIL/STRIDE): exact divisions.
-    shift_h = (phase_h + PAD_H - first_h * DIL_H) // STRIDE_H
-    shift_w = (phase_w + PAD_W - first_w * DIL_W) // STRIDE_W
-    delta_h = step_h * DIL_H // STRIDE_H
-    delta_w = step_w * DIL_W // STRIDE_W
+    count_h, first_h, step_h, shift_h, delta_h = phase_taps(phase_h, KH, STRIDE_H, PAD_H, DIL_H)
+    count_w, first_w, step_w, shift_w, delta_w = phase_taps(phase_w, KW, STRIDE_W, PAD_W, DIL_W)
     rows_per_phase = tl.cdiv(H, STRIDE_H)
     cols_per_phase = tl.cdiv(W, STRIDE_W)
     pixels_per_image = rows_per_phase * cols_per_phase
@@ -132,6 +131,7 @@ def conv2d_gemm_dx(
 
 Conv2dGemmDx = kernel_object(
     conv2d_gemm_dx,
+    helpers=(phase_taps,),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, 128, 64, 32),
     entry=conv2d_gemm_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),

@@ -1,4 +1,4 @@
-"""Layout change NCHW -> NHWC: `ChannelsLastCopy`, and `channels_last(t)` that launches it.
+"""Layout change NCHW -> NHWC: `ChannelsLastCopy` (launched by `nnkernels.functional.layout`).
 
 The channels-last convolution kernels read copies of their inputs with channels last. Measured
 on the H200 (B32 C64 56x56 bf16), `t.permute(0, 2, 3, 1).contiguous()` takes 36 us where one
@@ -8,11 +8,10 @@ channels; 64x64 measured best) took 11.1 us. The same kernel turns a weight
 """
 import functools
 
-import torch
 import triton
 import triton.language as tl
 
-from ..kernel import DTYPE_NAMES, INT32_MAX, INTERPRETED, kernel_object
+from ..kernel import INT32_MAX, INTERPRETED, kernel_object
 from .checks import check_grid, check_numel
 
 # The interpreter runs programs one by one at a fixed cost each: there a tile may cover this
@@ -77,21 +76,3 @@ ChannelsLastCopy = kernel_object(channels_last_copy, example=(64, 64), entry=cha
 def channels_last_kernel(block_c, block_p, dtype):
     """The `ChannelsLastCopy` instance for these tiles and element type, made once."""
     return ChannelsLastCopy(block_c, block_p, dtype=dtype)
-
-
-def channels_last(t):
-    """`t.permute(0, 2, 3, 1).contiguous()` for a contiguous [N, C, H, W] tensor, by `ChannelsLastCopy`."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"t: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != 4:
-        raise ValueError(f"t: expected a 4-D [N, C, H, W] tensor, got shape {tuple(t.shape)}")
-    if t.dtype not in DTYPE_NAMES:
-        raise TypeError(f"t: expected dtype torch.float32, torch.float16 or torch.bfloat16, got {t.dtype}")
-    if not t.is_contiguous():
-        raise ValueError(f"t: expected a contiguous tensor, got strides {tuple(t.stride())}")
-    n, c, h, w = t.shape
-    y = torch.empty((n, h, w, c), dtype=t.dtype, device=t.device)
-    if y.numel():
-        kernel = channels_last_kernel(*channels_last_tiles(c, h * w), t.dtype)
-        kernel.launch(t, y, n, c, h * w)
-    return y
