@@ -131,6 +131,9 @@ def test_autocast_runs_in_the_active_autocast_dtype():
         (lambda: (randn(5, 5), randn(4, 3, 3, 3), {}), ValueError, "input: expected a 3-D"),
         (lambda: (randn(1, 3, 5, 5).double(), randn(4, 3, 3, 3).double(), {}), TypeError, "float32, float16"),
         (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3).to("meta"), {}), ValueError, "weight: expected a tensor on"),
+        # 2**28 input elements but 2**32 in one output image: the kernels index inside an image in int32.
+        (lambda: (randn(1, 1, 1, 1).expand(1, 1, 16384, 16384), randn(16, 1, 3, 3), {"padding": 1}), ValueError,
+         "one output image"),
     ],
 )
 def test_bad_input_names_the_argument(make, error, match):

@@ -120,8 +120,11 @@ def _check(x, weight, bias, stride, padding, dilation, groups, *, same_dtype=Tru
                 f"weight: kernel {axis} {kernel} (dilated to {span}) is larger than the padded input {axis} "
                 f"{size} + 2*{pad} = {size + 2 * pad}"
             )
-    if c_in * height * width >= INT32_LIMIT or weight.numel() >= INT32_LIMIT:
-        raise ValueError("input: one image (C_IN*H*W) and the weight must each hold fewer than 2**31 elements")
+    out_pixels = (_output_size(height, kh, stride[0], padding[0], dilation[0])
+                  * _output_size(width, kw, stride[1], padding[1], dilation[1]))
+    if c_in * height * width >= INT32_LIMIT or weight.numel() >= INT32_LIMIT or c_out * out_pixels >= INT32_LIMIT:
+        raise ValueError("input: one image (C_IN*H*W), one output image (C_OUT*OH*OW) and the weight must each "
+                         "hold fewer than 2**31 elements")
 
 
 def _padding(padding, weight, dilation, stride):
