@@ -243,11 +243,14 @@ def _pow2_dividing(n: int) -> int:
     return n & -n
 
 
-def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: int, dtype: torch.dtype) -> list[Config]:
-    """`gemm_candidates` for the channels-last forward kernel, whose pixel tiles lie inside one
-    image (no wider than the image, rounded up to a power of two, and at least the 64 rows of a
-    Hopper warpgroup MMA) and whose K slices must not straddle taps (BLOCK_K divides C_IN). When
-    the first guess leaves SMs idle (fewer than two programs per SM), narrower channel tiles go first."""
+def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: int,
+                             dtype: torch.dtype) -> list[Config]:
+    """`gemm_candidates` for the channels-last forward and dx kernels, whose pixel tiles lie inside
+    one image (one phase of one image for dx): no wider than it, rounded up to a power of two, and
+    at least the 64 rows of a Hopper warpgroup MMA; and whose K slices must not straddle taps:
+    BLOCK_K divides `c_in`, the channels reduced over (C_IN for the forward, C_OUT for dx). When
+    the first guess leaves SMs idle (fewer than two programs per SM), narrower channel tiles go
+    first."""
     limit = _pow2_dividing(c_in)
     widest = _clamp_pow2(pixels_per_image, 16, 4096) if INTERPRETED else max(64, pow2_at_least(pixels_per_image))
     found = [Config(min(c.block_m, widest), c.block_n, min(c.block_k, limit), c.num_warps, c.num_stages)

@@ -24,6 +24,7 @@ CASES = [
     pytest.param((2, 16, 32, 5, 6, 3, 1, 1, 1, 1, True), id="channels-last-3x3"),
     pytest.param((1, 32, 16, 7, 6, 3, 2, 1, 1, 1, False), id="channels-last-stride2"),
     pytest.param((1, 16, 16, 6, 7, 3, 1, 3, 1, 1, True), id="channels-last-pad-over-kernel"),
+    pytest.param((2, 3, 16, 11, 10, 7, 2, 3, 1, 1, True), id="stem-like-dx-channels-last"),
 ]
 
 

@@ -45,7 +45,10 @@ def test_every_candidate_config_is_correct(shape, dtype, exact_fp32, monkeypatch
     F.conv2d(x64, w64, b64, stride, padding, 1, groups).backward(dy.double())
     tolerance = TOLERANCE[dtype] * (1 if dtype != torch.float32 else 10)
     for index in range(MOST_CANDIDATES):
-        monkeypatch.setattr(tuning, "choose", lambda kind, key, candidates, run, i=index: candidates[min(i, len(candidates) - 1)])
+        def pick(kind, key, candidates, run, i=index):
+            return candidates[min(i, len(candidates) - 1)]
+
+        monkeypatch.setattr(tuning, "choose", pick)
         for t in (x, w, b):
             t.grad = None
         y = conv2d(x, w, b, stride, padding, 1, groups)

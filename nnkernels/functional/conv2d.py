@@ -3,11 +3,12 @@
 The work runs in two PyTorch custom operators, so autograd, `torch.compile` and autocast see
 one opaque op each: `nnkernels::conv2d` (forward) and `nnkernels::conv2d_backward` (dx, dw,
 dbias, each only when asked). Per shape the op picks its kernels from the catalogue: the
-direct depthwise kernels when groups == C_IN == C_OUT, the implicit-GEMM tensor-core kernels
-otherwise: on channels-last copies of the inputs when groups == 1 and the channel counts are
-multiples of 16 (vector loads; the forward of a 1x1 convolution excepted; for dx only C_OUT
-must be), straight from NCHW else. Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a
-call uses, and every launch is logged at DEBUG level on the "nnkernels" logger.
+direct depthwise kernels when groups == C_IN == C_OUT, a per-image matrix product for 1x1
+stride-1 convolutions, the implicit-GEMM tensor-core kernels otherwise: on channels-last copies
+(vector loads) when groups == 1 and the channel counts are multiples of 16 (for dx only C_OUT
+must be; a strided 1x1 forward stays on NCHW, measured faster), straight from NCHW else.
+Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a call uses,
+and every launch is logged at DEBUG level on the "nnkernels" logger.
 """
 from __future__ import annotations
 
@@ -367,7 +368,7 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
             _launch(p.forward_kernel(config), x, weight, bias_arg, y, *p.sizes)
     if not backward:
         return
-    # the forward's output stands in for dy
+    # The forward's output stands in for dy.
     y_cl = channels_last(y) if p.channels_last or p.dx_channels_last else None
     dx = torch.empty_like(x)
     if p.dx_channels_last:
