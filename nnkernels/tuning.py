@@ -245,22 +245,30 @@ def _pow2_dividing(n: int) -> int:
 
 def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: int,
                              dtype: torch.dtype) -> list[Config]:
-    """`gemm_candidates` for the channels-last forward and dx kernels, whose pixel tiles lie inside
-    one image (one phase of one image for dx): no wider than it, rounded up to a power of two, and
-    at least the 64 rows of a Hopper warpgroup MMA; and whose K slices must not straddle taps:
-    BLOCK_K divides `c_in`, the channels reduced over (C_IN for the forward, C_OUT for dx). When
-    the first guess leaves SMs idle (fewer than two programs per SM), narrower channel tiles go
-    first."""
+    """`gemm_candidates` for the channels-last forward and dx kernels. Their pixel tiles take
+    `image_tile(block_m, pixels_per_image)` pixels of one image (one phase of one image for dx),
+    so on the GPU a tile is no wider than that rounded up to a power of two, and at least the 64
+    rows of a Hopper warpgroup MMA (several small images then share a tile); in the interpreter
+    tiles span many images, for few programs. K slices must not straddle taps: BLOCK_K divides
+    `c_in`, the channels reduced over (C_IN for the forward, C_OUT for dx). When the first guess
+    leaves SMs idle (fewer than two programs per SM), narrower channel tiles go first."""
     limit = _pow2_dividing(c_in)
-    widest = _clamp_pow2(pixels_per_image, 16, 4096) if INTERPRETED else max(64, pow2_at_least(pixels_per_image))
+    widest = 4096 if INTERPRETED else max(64, pow2_at_least(pixels_per_image))
     found = [Config(min(c.block_m, widest), c.block_n, min(c.block_k, limit), c.num_warps, c.num_stages)
              for c in gemm_candidates(batch * pixels_per_image, n, c_in, dtype)]
     if not INTERPRETED:
         first = found[0]
-        programs = batch * -(-pixels_per_image // first.block_m) * -(-n // first.block_n)
+        tiles = -(-batch // (first.block_m // image_tile(first.block_m, pixels_per_image)))
+        programs = tiles * -(-pixels_per_image // image_tile(first.block_m, pixels_per_image)) * -(-n // first.block_n)
         if programs < 2 * _num_sms() and first.block_n > 64:
             found.insert(0, Config(first.block_m, 64, first.block_k, 4, first.num_stages))
     return list(dict.fromkeys(found))
+
+
+def image_tile(block_m: int, pixels_per_image: int) -> int:
+    """BLOCK_Q of the channels-last kernels: the pixels of one image in a tile of `block_m` rows
+    (the rest of the tile holds further images)."""
+    return min(block_m, pow2_at_least(pixels_per_image))
 
 
 def channels_last_dw_candidates(m: int, c_in: int, taps: int, pixels: int, dtype: torch.dtype) -> list[Config]:

@@ -105,7 +105,7 @@ def test_channels_last_kernels_match_float64(dtype):
     sizes = (B, C_IN, C_OUT, H, W, OH, OW)
     x_cl, w_cl, dy_cl = (t.permute(0, 2, 3, 1).contiguous() for t in (x, w, dy))
     y = poisoned(B, C_OUT, OH, OW, dtype=dtype)
-    Conv2dGemmClForward(*geometry, True, False, 32, 16, 16, dtype=dtype).launch(x_cl, w_cl, bias, y, *sizes)
+    Conv2dGemmClForward(*geometry, True, False, 32, 16, 16, 8, dtype=dtype).launch(x_cl, w_cl, bias, y, *sizes)
     split = 3
     partial = poisoned(split, dw_partial_size(C_OUT, C_IN, 3, 3, True), dtype=torch.float32)
     Conv2dGemmClDw(*geometry, True, False, 16, 16, 16, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
@@ -115,7 +115,7 @@ def test_channels_last_kernels_match_float64(dtype):
     for out, ref in ((y, y64), (dw, dw64), (dbias, db64)):
         assert_close(out, ref, dtype)
     with pytest.raises(ValueError, match="C_IN: expected a multiple of block_k"):
-        Conv2dGemmClForward(*geometry, True, False, 32, 16, 64, dtype=dtype).launch(x_cl, w_cl, bias, y, *sizes)
+        Conv2dGemmClForward(*geometry, True, False, 32, 16, 64, 32, dtype=dtype).launch(x_cl, w_cl, bias, y, *sizes)
 
 
 # (B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dilation): C_OUT a multiple of BLOCK_K = 16, C_IN anything.
@@ -127,17 +127,18 @@ CL_DX_CASES = [
 ]
 
 
+@pytest.mark.parametrize("block_q", [8, 32], ids=["4-images-per-tile", "1-image-per-tile"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", CL_DX_CASES)
-def test_channels_last_dx_matches_float64(case, dtype):
+def test_channels_last_dx_matches_float64(case, dtype, block_q):
     """dx from channels-last dy, every phase of every stride; pixels and channels ragged in the tiles."""
     B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dil = case
     OH, OW = _conv_sizes(B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dil)
     x, w, dy = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, KH, KW, dtype=dtype), randn(B, C_OUT, OH, OW,
                                                                                                   dtype=dtype)
     dx = poisoned(B, C_IN, H, W, dtype=dtype)
-    kernel = Conv2dGemmClDx(KH, KW, *stride, *pad, *dil, False, 32, 16, 16, dtype=dtype)
-    kernel.launch(dy.permute(0, 2, 3, 1).contiguous(), w.permute(2, 3, 0, 1).contiguous(), dx, B, C_IN, C_OUT, H, W,
+    kernel = Conv2dGemmClDx(KH, KW, *stride, *pad, *dil, False, 32, 16, 16, block_q, dtype=dtype)
+    kernel.launch(dy.permute(0, 2, 3, 1).contiguous(), w.permute(2, 3, 1, 0).contiguous(), dx, B, C_IN, C_OUT, H, W,
                   OH, OW)
     assert_close(dx, _references(x, w, None, dy, stride, pad, dil, 1)[1], dtype)
 

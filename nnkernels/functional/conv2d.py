@@ -205,6 +205,8 @@ class _Problem:
         # dx's K slices run over C_OUT only, so any C_IN will do (the 3-channel stem's included).
         self.dx_channels_last = (groups == 1 and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0 and not self.pointwise
                                  and not self.depthwise)
+        # dx pixels of one stride phase of one image (the gather-form dx kernels' unit of work)
+        self.pixels_per_phase = -(-self.H // stride[0]) * -(-self.W // stride[1])
         self.tf32 = _tf32(dtype)
         self.key = (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.geometry, groups, str(dtype), self.tf32,
                     has_bias)
@@ -224,20 +226,20 @@ class _Problem:
         return tuning.channels_last_candidates(self.B, self.OH * self.OW, self.C_OUT, self.C_IN, self.dtype)
 
     def cl_dx_candidates(self):
-        s_h, s_w = self.geometry[2:4]
-        pixels_per_phase = -(-self.H // s_h) * -(-self.W // s_w)
-        return tuning.channels_last_candidates(self.B, pixels_per_phase, self.C_IN, self.C_OUT, self.dtype)
+        return tuning.channels_last_candidates(self.B, self.pixels_per_phase, self.C_IN, self.C_OUT, self.dtype)
 
     def cl_dw_candidates(self):
         return tuning.channels_last_dw_candidates(self.C_OUT, self.C_IN, self.KH * self.KW,
                                                   self.B * self.OH * self.OW, self.dtype)
 
     def cl_forward_kernel(self, config):
-        constants = self.geometry + (self.has_bias, self.tf32, config.block_m, config.block_n, config.block_k)
+        block_q = tuning.image_tile(config.block_m, self.OH * self.OW)
+        constants = self.geometry + (self.has_bias, self.tf32, config.block_m, config.block_n, config.block_k, block_q)
         return _kernel(Conv2dGemmClForward, constants, self.dtype, config.num_warps, config.num_stages)
 
     def cl_dx_kernel(self, config):
-        constants = self.geometry + (self.tf32, config.block_m, config.block_n, config.block_k)
+        block_q = tuning.image_tile(config.block_m, self.pixels_per_phase)
+        constants = self.geometry + (self.tf32, config.block_m, config.block_n, config.block_k, block_q)
         return _kernel(Conv2dGemmClDx, constants, self.dtype, config.num_warps, config.num_stages)
 
     def cl_dw_kernel(self, config, with_bias):
@@ -372,7 +374,7 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     y_cl = channels_last(y) if p.channels_last or p.dx_channels_last else None
     dx = torch.empty_like(x)
     if p.dx_channels_last:
-        w_t = weight.permute(2, 3, 0, 1).contiguous()
+        w_t = weight.permute(2, 3, 1, 0).contiguous()
         for config in pick(p.cl_dx_candidates()):
             _launch(p.cl_dx_kernel(config), y_cl, w_t, dx, *p.sizes)
     else:
@@ -423,7 +425,7 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
 def _dx(grad_y, weight, problem, device, grad_y_cl=None):
     dx = torch.empty(problem.B, problem.C_IN, problem.H, problem.W, dtype=problem.dtype, device=device)
     if problem.dx_channels_last:
-        w_t = weight.permute(2, 3, 0, 1).contiguous()  # [KH, KW, C_OUT, C_IN]: tiny
+        w_t = weight.permute(2, 3, 1, 0).contiguous()  # [KH, KW, C_IN, C_OUT]: tiny
 
         def run_cl(config):
             _launch(problem.cl_dx_kernel(config), grad_y_cl, w_t, dx, *problem.sizes)

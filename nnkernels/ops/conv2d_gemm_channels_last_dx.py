@@ -12,19 +12,22 @@ import triton.language as tl
 
 from ..kernel import kernel_object
 from .checks import check_numel
+from .conv2d_gemm_channels_last import check_image_tiles
 from .conv2d_gemm_dx import phase_taps
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 
 
 def conv2d_gemm_cl_dx_entry(k, a):
-    """Grid (B * pixel tiles per image and phase, c_in tiles, STRIDE_H * STRIDE_W) for `Conv2dGemmClDx`."""
+    """Grid (cdiv(B, images per tile) * pixel tiles per image and phase, c_in tiles, STRIDE_H * STRIDE_W)
+    for `Conv2dGemmClDx`."""
     check_conv_launch(k, a, 1)
+    images = check_image_tiles(k)
     if a.C_OUT % k.block_k:
         raise ValueError(f"C_OUT: expected a multiple of block_k = {k.block_k}, got {a.C_OUT}")
-    check_numel("w_t", a.w_t, k.kh * k.kw * a.C_OUT * a.C_IN, "KH*KW*C_OUT*C_IN")
+    check_numel("w_t", a.w_t, k.kh * k.kw * a.C_IN * a.C_OUT, "KH*KW*C_IN*C_OUT")
     pixels_per_phase = triton.cdiv(a.H, k.stride_h) * triton.cdiv(a.W, k.stride_w)
-    return check_grid_3d(a.B * triton.cdiv(pixels_per_phase, k.block_m), triton.cdiv(a.C_IN, k.block_n),
-                         k.stride_h * k.stride_w)
+    return check_grid_3d(triton.cdiv(a.B, images) * triton.cdiv(pixels_per_phase, k.block_q),
+                         triton.cdiv(a.C_IN, k.block_n), k.stride_h * k.stride_w)
 
 
 @triton.jit
@@ -33,16 +36,20 @@ def conv2d_gemm_cl_dx(
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     TF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
 ):
     """2-D convolution data gradient (groups = 1) from channels-last dy, NCHW dx; gather form, no atomics.
 
-    dy is [B, OH, OW, C_OUT] and w_t is the weight as [KH, KW, C_OUT, C_IN], both contiguous;
-    C_OUT % BLOCK_K == 0; one image of dy holds fewer than 2**31 elements.
-    Grid: (B * cdiv(R*Q, BLOCK_M), cdiv(C_IN, BLOCK_N), STRIDE_H*STRIDE_W) with R = cdiv(H, STRIDE_H),
-    Q = cdiv(W, STRIDE_W). Program (b * cdiv(R*Q, BLOCK_M) + t, pn, ph*STRIDE_W + pw) writes
-    dx[b, c_in, ih, iw] for the pixels ih = ph + i*STRIDE_H, iw = pw + j*STRIDE_W, i*Q + j in
-    [t*BLOCK_M, (t+1)*BLOCK_M), that lie in the image, and the BLOCK_N channels c_in of tile pn:
-        dx = sum over (kh, kw, c_out) of dy[b, oh, ow, c_out] * w_t[kh, kw, c_out, c_in],
+    dy is [B, OH, OW, C_OUT] and w_t is the weight as [KH, KW, C_IN, C_OUT], both contiguous (both
+    operands contiguous along the reduced c_out, as TF32 tensor cores need them);
+    C_OUT % BLOCK_K == 0; one image of dy and one of dx hold fewer than 2**31 elements. A pixel
+    tile is I = BLOCK_M/BLOCK_Q images by BLOCK_Q pixels of one phase of each.
+    Grid: (cdiv(B, I) * cdiv(R*Q, BLOCK_Q), cdiv(C_IN, BLOCK_N), STRIDE_H*STRIDE_W) with R = cdiv(H, STRIDE_H),
+    Q = cdiv(W, STRIDE_W). Program (g * cdiv(R*Q, BLOCK_Q) + t, pn, ph*STRIDE_W + pw) writes
+    dx[b, c_in, ih, iw] for the images b in [g*I, (g+1)*I), their pixels ih = ph + i*STRIDE_H,
+    iw = pw + j*STRIDE_W, i*Q + j in [t*BLOCK_Q, (t+1)*BLOCK_Q), that lie in the image, and the
+    BLOCK_N channels c_in of tile pn:
+        dx = sum over (kh, kw, c_out) of dy[b, oh, ow, c_out] * w_t[kh, kw, c_in, c_out],
         oh = (ih + PAD_H - kh*DIL_H) / STRIDE_H, ow = (iw + PAD_W - kw*DIL_W) / STRIDE_W,
     over the taps where both divisions are exact and (oh, ow) lies in dy (`phase_taps`); K runs
     over (tap pairs, c_out) in BLOCK_K slices, each inside one tap. Tensor-core products (TF32
@@ -58,18 +65,19 @@ def conv2d_gemm_cl_dx(
     count_w, first_w, step_w, shift_w, delta_w = phase_taps(phase_w, KW, STRIDE_W, PAD_W, DIL_W)
     rows = tl.cdiv(H, STRIDE_H)
     cols = tl.cdiv(W, STRIDE_W)
-    tiles_per_image = tl.cdiv(rows * cols, BLOCK_M)
-    b = pid_m // tiles_per_image
-    q = (pid_m % tiles_per_image) * BLOCK_M + tl.arange(0, BLOCK_M)
+    tiles_per_image = tl.cdiv(rows * cols, BLOCK_Q)
+    tile_row = tl.arange(0, BLOCK_M)
+    b = (pid_m // tiles_per_image) * (BLOCK_M // BLOCK_Q) + tile_row // BLOCK_Q
+    q = (pid_m % tiles_per_image) * BLOCK_Q + tile_row % BLOCK_Q
     row = q // cols
     col = q % cols
     ih = phase_h + row * STRIDE_H
     iw = phase_w + col * STRIDE_W
-    pixel_ok = (q < rows * cols) & (ih < H) & (iw < W)
+    pixel_ok = (q < rows * cols) & (ih < H) & (iw < W) & (b < B)
     # Tap t of the progression reads dy row oh_first - t*delta_h; likewise for columns.
     oh_first = row + shift_h
     ow_first = col + shift_w
-    dy_image = dy + b.to(tl.int64) * OH * OW * C_OUT
+    dy_image_first = b.to(tl.int64) * OH * OW * C_OUT  # offset of each row's image in dy
     c_in = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_in_ok = c_in < C_IN
     channel = tl.arange(0, BLOCK_K)
@@ -83,22 +91,21 @@ def conv2d_gemm_cl_dx(
         oh = oh_first - t_h * delta_h
         ow = ow_first - t_w * delta_w
         inside = pixel_ok & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
-        dy_tile = tl.load(dy_image + ((oh * OW + ow) * C_OUT + c_first)[:, None] + channel[None, :],
+        dy_tile = tl.load(dy + (dy_image_first + (oh * OW + ow) * C_OUT + c_first)[:, None] + channel[None, :],
                           mask=inside[:, None], other=0.0)
         tap = (first_h + t_h * step_h) * KW + first_w + t_w * step_w
-        w_rows = (tap * C_OUT + c_first + channel).to(tl.int64) * C_IN
-        w_tile = tl.load(w_t + w_rows[:, None] + c_in[None, :], mask=c_in_ok[None, :], other=0.0)
+        w_rows = (tap * C_IN + c_in).to(tl.int64) * C_OUT + c_first
+        w_tile = tl.load(w_t + w_rows[:, None] + channel[None, :], mask=c_in_ok[:, None], other=0.0)
         if TF32:
-            acc = tl.dot(dy_tile, w_tile, acc, input_precision="tf32")
+            acc = tl.dot(dy_tile, tl.trans(w_tile), acc, input_precision="tf32")
         else:
-            acc = tl.dot(dy_tile, w_tile, acc, input_precision="ieee")
+            acc = tl.dot(dy_tile, tl.trans(w_tile), acc, input_precision="ieee")
     if STRIDE_H * STRIDE_W == 1:
         pixel_offset = q  # ih*W + iw, written so the compiler sees the pixels are consecutive
     else:
         pixel_offset = ih * W + iw
-    dx_image = dx + b.to(tl.int64) * C_IN * H * W
     tl.store(
-        dx_image + (c_in.to(tl.int64) * H * W)[:, None] + pixel_offset[None, :],
+        dx + (c_in.to(tl.int64) * H * W)[:, None] + (b.to(tl.int64) * C_IN * H * W + pixel_offset)[None, :],
         tl.trans(acc).to(dx.dtype.element_ty),
         mask=c_in_ok[:, None] & pixel_ok[None, :],
     )
@@ -107,7 +114,7 @@ def conv2d_gemm_cl_dx(
 Conv2dGemmClDx = kernel_object(
     conv2d_gemm_cl_dx,
     helpers=(phase_taps,),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, True, 128, 64, 64),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, True, 128, 64, 64, 128),
     entry=conv2d_gemm_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("TF32",),
