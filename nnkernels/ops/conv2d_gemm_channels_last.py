@@ -7,8 +7,7 @@ pipelining). With channels last, a K-slice is BLOCK_K consecutive, aligned chann
 pixel: 16-byte vector loads that the compiler pipelines. The op makes the channels-last copy
 of its NCHW input (one memory pass) and these kernels still write NCHW (y) or dw's own layout.
 Used when groups == 1 and the channel counts are multiples of BLOCK_K; NCHW kernels otherwise.
-The forward kernel also computes dx of a stride-1 convolution (a convolution of dy with the
-flipped, transposed weight).
+dx from a channels-last dy is `Conv2dGemmClDx` (conv2d_gemm_channels_last_dx.py).
 """
 import torch
 import triton
