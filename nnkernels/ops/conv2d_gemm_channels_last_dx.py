@@ -44,11 +44,11 @@ def conv2d_gemm_cl_dx(
     operands contiguous along the reduced c_out, as TF32 tensor cores need them);
     C_OUT % BLOCK_K == 0; one image of dy and one of dx hold fewer than 2**31 elements. A pixel
     tile is I = BLOCK_M/BLOCK_Q images by BLOCK_Q pixels of one phase of each.
-    Grid: (cdiv(B, I) * cdiv(R*Q, BLOCK_Q), cdiv(C_IN, BLOCK_N), STRIDE_H*STRIDE_W) with R = cdiv(H, STRIDE_H),
-    Q = cdiv(W, STRIDE_W). Program (g * cdiv(R*Q, BLOCK_Q) + t, pn, ph*STRIDE_W + pw) writes
-    dx[b, c_in, ih, iw] for the images b in [g*I, (g+1)*I), their pixels ih = ph + i*STRIDE_H,
-    iw = pw + j*STRIDE_W, i*Q + j in [t*BLOCK_Q, (t+1)*BLOCK_Q), that lie in the image, and the
-    BLOCK_N channels c_in of tile pn:
+    Grid: (cdiv(B, I) * cdiv(PR*PC, BLOCK_Q), cdiv(C_IN, BLOCK_N), STRIDE_H*STRIDE_W), with
+    PR = cdiv(H, STRIDE_H) and PC = cdiv(W, STRIDE_W) the rows and columns of a phase. Program
+    (g * cdiv(PR*PC, BLOCK_Q) + t, pn, ph*STRIDE_W + pw) writes dx[b, c_in, ih, iw] for the images
+    b in [g*I, (g+1)*I), their pixels ih = ph + i*STRIDE_H, iw = pw + j*STRIDE_W with i*PC + j in
+    [t*BLOCK_Q, (t+1)*BLOCK_Q) that lie in the image, and the BLOCK_N channels c_in of tile pn:
         dx = sum over (kh, kw, c_out) of dy[b, oh, ow, c_out] * w_t[kh, kw, c_in, c_out],
         oh = (ih + PAD_H - kh*DIL_H) / STRIDE_H, ow = (iw + PAD_W - kw*DIL_W) / STRIDE_W,
     over the taps where both divisions are exact and (oh, ow) lies in dy (`phase_taps`); K runs
