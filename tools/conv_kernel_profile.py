@@ -1,0 +1,58 @@
+"""Where a convolution's time goes: the CUDA time of every kernel of nnkernels.conv2d and of
+torch's F.conv2d, forward + backward, per bench layer (torch.profiler, mean of 5 steps after 3).
+
+    PYTHONPATH=. python3 tools/conv_kernel_profile.py ["layer name,layer name" (default: the whole suite)]
+
+Both sides run in the same process on the same inputs (those of `nnkernels.bench.conv2d`), in
+bf16 and in fp32 with TF32; the eight largest kernels of each are printed with their µs.
+"""
+import collections
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import nnkernels
+from nnkernels.bench.conv2d import SUITE, _tensors
+
+STEPS = 5
+
+
+def kernel_times(layer, dtype, conv):
+    """{kernel name: mean µs per forward + backward step} for `conv` (nnkernels' or torch's)."""
+    x, w, dy = _tensors(layer, dtype)
+    x.requires_grad_()
+    w.requires_grad_()
+
+    def step():
+        conv(x, w, None, layer.stride, layer.padding, 1, layer.groups).backward(dy)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS):
+            step()
+        torch.cuda.synchronize()
+    totals = collections.Counter()
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name[:70]] += event.device_time / STEPS
+    return totals
+
+
+def main(names=None):
+    for dtype in (torch.bfloat16, torch.float32):
+        torch.backends.cudnn.allow_tf32 = True
+        for layer in SUITE:
+            if names and layer.name not in names:
+                continue
+            for side, conv in (("ours", nnkernels.conv2d), ("torch", torch.nn.functional.conv2d)):
+                totals = kernel_times(layer, dtype, conv)
+                print(f"== {layer.name} {dtype} {side} total {sum(totals.values()):.1f} us")
+                for name, us in totals.most_common(8):
+                    print(f"   {us:8.1f} us  {name}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1].split(",") if len(sys.argv) > 1 else None)
