@@ -21,7 +21,13 @@ import torch
 from .. import _mode  # noqa: F401  (first: settles Triton's mode before the kernel modules import triton)
 import triton
 
-from ..ops.batch_norm2d_eval import BatchNorm2dEvalBackward, BatchNorm2dEvalForward, BatchNorm2dSumPartials
+from ..ops.batch_norm2d_eval import (
+    BatchNorm2dEvalBackward,
+    BatchNorm2dEvalBackwardGrouped,
+    BatchNorm2dEvalForward,
+    BatchNorm2dEvalForwardGrouped,
+    BatchNorm2dSumPartials,
+)
 from ..ops.batch_norm2d_train import (
     BatchNorm2dPartialGradSums,
     BatchNorm2dPartialStats,
@@ -37,7 +43,8 @@ from ..ops.batch_norm2d_train import (
 KERNEL_CLASSES = (
     BatchNorm2dPartialStats, BatchNorm2dTrainNormalize, BatchNorm2dTrainForwardFused, BatchNorm2dPartialGradSums,
     BatchNorm2dTrainBackwardDx, BatchNorm2dTrainBackwardFused, BatchNorm2dUpdateRunningStats,
-    BatchNorm2dEvalForward, BatchNorm2dEvalBackward, BatchNorm2dSumPartials,
+    BatchNorm2dEvalForward, BatchNorm2dEvalBackward, BatchNorm2dSumPartials, BatchNorm2dEvalForwardGrouped,
+    BatchNorm2dEvalBackwardGrouped,
 )
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 F32 = torch.float32
@@ -79,6 +86,17 @@ def _params(x, weight, bias):
     return weight, bias
 
 
+def _plan(x):
+    B, C, HW = _dims(x)
+    return batch_norm_plan(B, C, HW, element_size=x.element_size())
+
+
+def _fused(cls, x, plan):
+    """The fused (several channels per program) kernel of class `cls` for `plan`."""
+    constants = (plan.block_b, plan.block_j, plan.vector)
+    return _kernel(cls, x.dtype, *((plan.block_c,) if "BLOCK_C" in cls.constant_names else ()), *constants)
+
+
 def _stats(x, n):
     return [torch.empty(n, device=x.device, dtype=F32) for _ in range(4)]
 
@@ -93,10 +111,10 @@ def batch_norm_train_op(
     weight, bias = _params(x, weight, bias)
     y = torch.empty_like(x)
     mean, rstd, var_unbiased, _ = _stats(x, C)
-    plan = batch_norm_plan(B, C, HW)
+    plan = _plan(x)
     if plan.fused:
-        fused = _kernel(BatchNorm2dTrainForwardFused, x.dtype, plan.block_c, plan.block_b, plan.block_hw)
-        _run("train_forward", [(fused, (x, y, weight, bias, mean, rstd, var_unbiased, B, C, HW, eps))])
+        fused = _fused(BatchNorm2dTrainForwardFused, x, plan)
+        _run("train_forward", [(fused, (x, y, weight, bias, mean, rstd, var_unbiased, B, C, HW, plan.channels, eps))])
         return y, mean, rstd, var_unbiased
     count, partial_mean, partial_m2 = (torch.empty(C * plan.num_chunks, device=x.device, dtype=F32) for _ in range(3))
     stats = _kernel(BatchNorm2dPartialStats, x.dtype, plan.block_b, plan.block_hw)
@@ -125,10 +143,10 @@ def batch_norm_train_backward_op(
     weight, _ = _params(x, weight, None)
     dx = torch.empty_like(x)
     dweight, dbias = _stats(x, C)[:2]
-    plan = batch_norm_plan(B, C, HW)
+    plan = _plan(x)
     if plan.fused:
-        fused = _kernel(BatchNorm2dTrainBackwardFused, x.dtype, plan.block_c, plan.block_b, plan.block_hw)
-        _run("train_backward", [(fused, (dy, x, dx, weight, mean, rstd, dweight, dbias, B, C, HW))])
+        fused = _fused(BatchNorm2dTrainBackwardFused, x, plan)
+        _run("train_backward", [(fused, (dy, x, dx, weight, mean, rstd, dweight, dbias, B, C, HW, plan.channels))])
         return dx, dweight, dbias
     sum_dy, sum_dy_xmu = (torch.empty(C * plan.num_chunks, device=x.device, dtype=F32) for _ in range(2))
     sums = _kernel(BatchNorm2dPartialGradSums, x.dtype, plan.block_b, plan.block_hw)
@@ -179,7 +197,12 @@ def batch_norm_eval_op(
     B, C, HW = _dims(x)
     weight, bias = _params(x, weight, bias)
     y = torch.empty_like(x)
-    plan = batch_norm_plan(B, C, HW)
+    plan = _plan(x)
+    if plan.fused:
+        forward = _fused(BatchNorm2dEvalForwardGrouped, x, plan)
+        _run("eval_forward", [(forward, (x, y, weight, bias, running_mean, running_var, B, C, HW, plan.channels,
+                                         eps))])
+        return y
     forward = _kernel(BatchNorm2dEvalForward, x.dtype, plan.block_b, plan.block_hw)
     _run("eval_forward", [(forward, (x, y, weight, bias, running_mean, running_var, B, C, HW,
                                      plan.tiles_per_chunk, eps))])
@@ -202,7 +225,12 @@ def batch_norm_eval_backward_op(
     weight, _ = _params(x, weight, None)
     dx = torch.empty_like(x)
     dweight, dbias = _stats(x, C)[:2]
-    plan = batch_norm_plan(B, C, HW)
+    plan = _plan(x)
+    if plan.fused:
+        backward = _fused(BatchNorm2dEvalBackwardGrouped, x, plan)
+        _run("eval_backward", [(backward, (dy, x, dx, weight, running_mean, running_var, dweight, dbias,
+                                           B, C, HW, plan.channels, eps))])
+        return dx, dweight, dbias
     backward = _kernel(BatchNorm2dEvalBackward, x.dtype, plan.block_b, plan.block_hw)
     common = (B, C, HW, plan.tiles_per_chunk, eps)
     if plan.num_chunks == 1:

@@ -1,6 +1,8 @@
 """NCHW batch norm with frozen (running) statistics, split like the training kernels so that
 every shape fills the GPU: `BatchNorm2dEvalForward`, `BatchNorm2dEvalBackward`,
-`BatchNorm2dSumPartials`. Tiles and chunks as in `batch_norm2d_train`; statistics in fp32.
+`BatchNorm2dSumPartials`. Tiles and chunks as in `batch_norm2d_train`; statistics in fp32. Channels
+that fit one tile take `BatchNorm2dEvalForwardGrouped` and `BatchNorm2dEvalBackwardGrouped`: several
+channels per program, laid out as the training kernels' fused tiles.
 
 rstd[c] = 1 / sqrt(running_var[c] + eps); y = (x - running_mean) * weight * rstd + bias;
 dx = weight * rstd * dy; dweight = sum(dy * (x - running_mean) * rstd); dbias = sum(dy).
@@ -10,7 +12,15 @@ import triton
 import triton.language as tl
 
 from ..kernel import kernel_object
-from .batch_norm2d_train import check_activations, check_channel_tensors, check_split
+from .batch_norm2d_train import (
+    FUSED_HELPERS,
+    channel_group_tile,
+    channel_sums,
+    check_activations,
+    check_channel_tensors,
+    check_split,
+    fused_entry,
+)
 
 F32 = torch.float32
 
@@ -121,6 +131,57 @@ def batch_norm2d_sum_partials(
     tl.store(dbias + c, tl.sum(tl.load(partial_dbias + slots, mask=inside, other=0.0), axis=1), mask=c < C)
 
 
+@triton.jit
+def batch_norm2d_eval_forward_grouped(
+    x, y, weight, bias, running_mean, running_var, B, C, HW, CHANNELS, eps,
+    BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, VECTOR: tl.constexpr,
+):
+    """Batch norm forward with frozen statistics, for channels that fit one tile.
+
+    Grid: [cdiv(C, CHANNELS)]. Program p writes y of channels c0..c0+CHANNELS-1 from one [BLOCK_B, BLOCK_J]
+    tile of x (the fused tiles of batch_norm2d_train):
+        y = x * scale + shift,  scale = weight[c] * rstd[c],  shift = bias[c] - running_mean[c] * scale,
+    rstd = 1 / sqrt(running_var[c] + eps), in fp32, per column. Every y is written.
+    """
+    c0, offsets, inside, column_channel, in_row = channel_group_tile(B, C, HW, CHANNELS, BLOCK_B, BLOCK_J, VECTOR)
+    c = c0 + column_channel
+    rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.load(running_var + c, mask=in_row, other=1.0) + eps))
+    scale = tl.load(weight + c, mask=in_row, other=0.0) * rstd
+    shift = tl.load(bias + c, mask=in_row, other=0.0) - tl.load(running_mean + c, mask=in_row, other=0.0) * scale
+    xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+    tl.store(y + offsets, (xv * scale[None, :] + shift[None, :]).to(y.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def batch_norm2d_eval_backward_grouped(
+    dy, x, dx, weight, running_mean, running_var, dweight, dbias, B, C, HW, CHANNELS, eps,
+    BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, VECTOR: tl.constexpr,
+):
+    """Batch norm backward with frozen statistics, for channels that fit one tile: one pass over dy and x.
+
+    Grid: [cdiv(C, CHANNELS)]. Program p loads dy and x of channels c0..c0+CHANNELS-1, each as one
+    [BLOCK_B, BLOCK_J] tile (the fused tiles of batch_norm2d_train), and writes dx = weight[c] * rstd[c] * dy,
+        dbias[c] = sum(dy),  dweight[c] = rstd[c] * sum(dy * (x - running_mean[c])),
+    rstd = 1 / sqrt(running_var[c] + eps), sums in fp32 segmented by `channel_sums`. Every dx is written.
+    """
+    c0, offsets, inside, column_channel, in_row = channel_group_tile(B, C, HW, CHANNELS, BLOCK_B, BLOCK_J, VECTOR)
+    k = tl.arange(0, BLOCK_C)
+    member = column_channel[:, None] == k[None, :]
+    c = c0 + k
+    c_in = (k < CHANNELS) & (c < C)
+    column_c = c0 + column_channel
+    column_rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.load(running_var + column_c, mask=in_row, other=1.0) + eps))
+    dy_scale = tl.load(weight + column_c, mask=in_row, other=0.0) * column_rstd
+    column_mean = tl.load(running_mean + column_c, mask=in_row, other=0.0)
+    dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
+    xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+    tl.store(dx + offsets, (dyv * dy_scale[None, :]).to(dx.dtype.element_ty), mask=inside)
+    xmu = tl.where(inside, xv - column_mean[None, :], 0.0)
+    channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.load(running_var + c, mask=c_in, other=1.0) + eps))
+    tl.store(dbias + c, channel_sums(tl.sum(dyv, axis=0), member), mask=c_in)
+    tl.store(dweight + c, channel_rstd * channel_sums(tl.sum(dyv * xmu, axis=0), member), mask=c_in)
+
+
 _STATS = {n: F32 for n in ("weight", "bias", "running_mean", "running_var", "partial_dweight", "partial_dbias",
                            "dweight", "dbias")}
 
@@ -130,3 +191,9 @@ BatchNorm2dEvalBackward = kernel_object(
     batch_norm2d_eval_backward, entry=eval_entry, example=(8, 256), floats=("eps",), pointer_dtypes=_STATS)
 BatchNorm2dSumPartials = kernel_object(
     batch_norm2d_sum_partials, entry=sum_partials_entry, example=(16, 64), pointer_dtypes=_STATS)
+BatchNorm2dEvalForwardGrouped = kernel_object(
+    batch_norm2d_eval_forward_grouped, entry=fused_entry, example=(32, 256, 4), floats=("eps",),
+    pointer_dtypes=_STATS, num_warps=8, helpers=(channel_group_tile,))
+BatchNorm2dEvalBackwardGrouped = kernel_object(
+    batch_norm2d_eval_backward_grouped, entry=fused_entry, example=(4, 32, 256, 4), floats=("eps",),
+    pointer_dtypes=_STATS, num_warps=8, helpers=FUSED_HELPERS)

@@ -5,13 +5,18 @@ by BLOCK_HW contiguous positions, numbered t = b_tile * cdiv(HW, BLOCK_HW) + hw_
 (c, chunk) of a split kernel owns tiles [chunk*TILES_PER_CHUNK, (chunk+1)*TILES_PER_CHUNK), so
 channels few against a large batch still fill the GPU. Per-chunk partials (fp32, [C, chunks])
 are combined by every consumer in one fixed order, so results are bitwise reproducible.
-A channel that fits one tile takes the fused kernels (one program per channel, one pass).
+A channel that fits one tile takes the fused kernels (one pass): program p owns CHANNELS consecutive
+channels c0 = p*CHANNELS.., whose HW positions are, in every image b, one contiguous run of
+CHANNELS*HW elements; the tile is [BLOCK_B images, BLOCK_J >= CHANNELS*HW columns] with column
+j = (c - c0)*HW + hw, so short spatial rows (7x7) still load long contiguous, aligned rows.
+Per-channel sums are segmented sums over the columns (`channel_sums`), exact in fp32.
 
 Forward:  mean, var = batch mean and biased variance; rstd = 1 / sqrt(var + eps);
           y = weight * (x - mean) * rstd + bias; also saved: mean, rstd, var * M/(M-1), M = B*HW.
 Backward: dbias = sum(dy); dweight = rstd * sum(dy * (x - mean));
           dx = weight * rstd * (dy - dbias/M - (x - mean) * rstd * dweight/M).
 """
+import math
 from collections import namedtuple
 
 import torch
@@ -23,14 +28,19 @@ from .checks import check_numel
 
 F32 = torch.float32
 
-# How one batch-norm launch cuts the work; see `batch_norm_plan`.
+# How one batch-norm launch cuts the work; see `batch_norm_plan`. Split plans use block_b, block_hw and
+# the chunk fields; fused plans use channels (per program), block_c, block_b, block_j and vector.
 BatchNormPlan = namedtuple(
-    "BatchNormPlan", "block_c block_b block_hw tiles_per_chunk num_chunks block_partials fused")
+    "BatchNormPlan",
+    "channels block_c block_b block_hw block_j vector tiles_per_chunk num_chunks block_partials fused")
 
 # On the GPU: about this many elements per tile, and enough programs for several waves on an H200.
 GPU_TILE = 2048
 GPU_PROGRAMS = 132 * 16
 FUSED_LIMIT = 8192
+# Fused tiles hold about this many elements (32 per thread at 8 warps), in at least this many programs.
+FUSED_TILE = 8192
+FUSED_MIN_PROGRAMS = 132 * 2
 # The interpreter pays per program and per operation, not per element: few, large tiles.
 CPU_TILE = 2**16
 
@@ -44,22 +54,48 @@ def _block_hw(HW, tile):
     return widest
 
 
-def batch_norm_plan(B, C, HW, *, tile=None, programs=None, fused_limit=None):
-    """Tile shape and split of one [B, C, HW] batch-norm problem (keywords override the defaults)."""
+def group_vector(C, HW, channels, element_size):
+    """Elements (a power of two, at most 16 bytes) dividing every row start and length of a fused tile:
+    both are multiples of HW * gcd(C, channels)."""
+    run = HW * math.gcd(C, channels)
+    return min(run & -run, max(1, 16 // element_size))
+
+
+def _fused_channels(B, C, HW, element_size, tile, min_programs):
+    """Channels per fused program: the most lanes used, in the widest aligned vectors (up to 8 bytes
+    count fully), ties to more channels; within `tile` elements and `min_programs` programs."""
+    block_b = triton.next_power_of_2(B)
+    most = max(1, min(C, tile // (block_b * HW), C // min_programs))
+
+    def merit(k):
+        used = k * HW / triton.next_power_of_2(k * HW)
+        return used * min(group_vector(C, HW, k, element_size) * element_size, 8) / 8, k
+
+    return max(range(1, most + 1), key=merit)
+
+
+def batch_norm_plan(B, C, HW, *, element_size=4, tile=None, programs=None, fused_limit=None, channels=None):
+    """Tile shape and split of one [B, C, HW] batch-norm problem (keywords override the defaults;
+    `channels` the channels per fused program)."""
     tile = tile or (CPU_TILE if INTERPRETED else GPU_TILE)
     programs = programs or (1 if INTERPRETED else GPU_PROGRAMS)
-    whole = triton.next_power_of_2(B) * triton.next_power_of_2(HW)
-    if whole <= (fused_limit if fused_limit is not None else CPU_TILE if INTERPRETED else FUSED_LIMIT):
-        # One channel per program on the GPU (C of them fill it); as many as fit one tile on the CPU.
-        block_c = min(triton.next_power_of_2(C), CPU_TILE // whole) if INTERPRETED else 1
-        return BatchNormPlan(block_c, triton.next_power_of_2(B), triton.next_power_of_2(HW), 1, 1, 1, True)
+    block_b = triton.next_power_of_2(B)
+    if block_b * triton.next_power_of_2(HW) <= (fused_limit if fused_limit is not None else
+                                                 CPU_TILE if INTERPRETED else FUSED_LIMIT):
+        # On the CPU as many channels as one tile holds; on the GPU a few, so that programs fill it.
+        channels = channels or (max(1, min(C, CPU_TILE // (block_b * HW))) if INTERPRETED else
+                                _fused_channels(B, C, HW, element_size, FUSED_TILE, FUSED_MIN_PROGRAMS))
+        return BatchNormPlan(channels, triton.next_power_of_2(channels), block_b, 0,
+                             triton.next_power_of_2(channels * HW), group_vector(C, HW, channels, element_size),
+                             1, 1, 1, True)
     block_hw = _block_hw(HW, tile)
-    block_b = max(1, min(tile // block_hw, triton.next_power_of_2(B)))
+    block_b = max(1, min(tile // block_hw, block_b))
     num_tiles = triton.cdiv(B, block_b) * triton.cdiv(HW, block_hw)
     chunks = max(1, min(triton.cdiv(programs, C), num_tiles, 1024))
     tiles_per_chunk = triton.cdiv(num_tiles, chunks)
     chunks = triton.cdiv(num_tiles, tiles_per_chunk)
-    return BatchNormPlan(1, block_b, block_hw, tiles_per_chunk, chunks, triton.next_power_of_2(chunks), False)
+    return BatchNormPlan(1, 1, block_b, block_hw, 0, 1, tiles_per_chunk, chunks, triton.next_power_of_2(chunks),
+                         False)
 
 
 def check_channel_tensors(a, names, length, formula="C"):
@@ -112,19 +148,30 @@ def normalize_entry(k, a):
 
 
 def fused_entry(k, a):
-    """Grid [cdiv(C, BLOCK_C)]: one tile must hold whole channels (BLOCK_B >= B, BLOCK_HW >= HW)."""
-    if k.block_b < a.B or k.block_hw < a.HW:
+    """Grid [cdiv(C, CHANNELS)]: a tile holds whole channels (BLOCK_B >= B, BLOCK_J >= CHANNELS*HW,
+    BLOCK_C >= CHANNELS where the kernel has it), and VECTOR divides every row start and length (the kernel
+    tells the compiler so)."""
+    if k.block_b < a.B:
+        raise ValueError(f"block_b: a fused kernel holds the whole batch, expected >= {a.B}, got {k.block_b}")
+    most = getattr(k, "block_c", a.CHANNELS)  # kernels that sum per channel hold BLOCK_C channels
+    if not 1 <= a.CHANNELS <= most or a.CHANNELS * a.HW > k.block_j:
         raise ValueError(
-            f"block_b, block_hw: a fused kernel holds a whole channel, expected >= ({a.B}, {a.HW}), "
-            f"got ({k.block_b}, {k.block_hw})"
+            f"CHANNELS: expected 1 <= CHANNELS <= block_c = {most} and CHANNELS*HW <= block_j = {k.block_j}, "
+            f"got {a.CHANNELS} (HW = {a.HW})"
         )
-    if a.B * a.HW < 2:
+    if (a.HW * math.gcd(a.C, a.CHANNELS)) % k.vector:
+        raise ValueError(
+            f"vector: {k.vector} must divide HW*gcd(C, CHANNELS) = {a.HW * math.gcd(a.C, a.CHANNELS)}, "
+            "every row start and length of the tiles"
+        )
+    if a.B * a.HW < 2 and hasattr(a, "mean"):
         raise ValueError(f"B*HW: expected more than 1 value per channel when training, got {a.B * a.HW}")
     check_activations(a, ("x", "y", "dy", "dx"))
-    check_channel_tensors(a, ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias"), a.C)
+    check_channel_tensors(a, ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias",
+                              "running_mean", "running_var"), a.C)
     if hasattr(a, "eps") and not a.eps >= 0:
         raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
-    return (triton.cdiv(a.C, k.block_c),)
+    return (triton.cdiv(a.C, a.CHANNELS),)
 
 
 def update_running_stats_entry(k, a):
@@ -232,38 +279,65 @@ def batch_norm2d_train_normalize(
 
 
 @triton.jit
-def batch_norm2d_train_forward_fused(
-    x, y, weight, bias, mean, rstd, var_unbiased, B, C, HW, eps,
-    BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr,
-):
-    """Training forward for channels that fit one tile (BLOCK_B >= B, BLOCK_HW >= HW): one pass.
+def channel_group_tile(B, C, HW, CHANNELS, BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, VECTOR: tl.constexpr):
+    """Program p's fused tile (module docstring): returns c0 = p*CHANNELS, the [BLOCK_B, BLOCK_J] offsets
+    (b*C + c0)*HW + j and mask, each column's channel j // HW (from 0) and whether the column is in range.
+    Row starts and the row length min(CHANNELS, C - c0)*HW are multiples of VECTOR (fused_entry checks it):
+    said to the compiler, so that it loads VECTOR elements at once."""
+    c0 = tl.program_id(0) * CHANNELS
+    row_length = tl.multiple_of(tl.minimum(CHANNELS, C - c0) * HW, VECTOR)
+    b = tl.arange(0, BLOCK_B)
+    j = tl.arange(0, BLOCK_J)
+    row_starts = tl.multiple_of((b.to(tl.int64) * C + c0) * HW, VECTOR)
+    in_row = j < row_length
+    inside = (b < B)[:, None] & in_row[None, :]
+    return c0, row_starts[:, None] + j[None, :], inside, j // HW, in_row
 
-    Grid: [cdiv(C, BLOCK_C)]. Program p loads x[:, c, :] of its BLOCK_C channels once, takes each
-    channel's corrected two-pass mean and biased variance in fp32 (as in batch_norm2d_partial_stats),
-    writes mean[c],
+
+@triton.jit
+def channel_sums(columns, member):
+    """[BLOCK_C] sums of the [BLOCK_J] columns of each channel (member[j, k]: column j is of channel k).
+    Exact: every other term added is +0.0, in a fixed order."""
+    return tl.sum(tl.where(member, columns[:, None], 0.0), axis=0)
+
+
+@triton.jit
+def per_column(values, member):
+    """[BLOCK_J] values[channel of column j]: the inverse of `channel_sums`, exact (one term is not 0)."""
+    return tl.sum(tl.where(member, values[None, :], 0.0), axis=1)
+
+
+@triton.jit
+def batch_norm2d_train_forward_fused(
+    x, y, weight, bias, mean, rstd, var_unbiased, B, C, HW, CHANNELS, eps,
+    BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, VECTOR: tl.constexpr,
+):
+    """Training forward for channels that fit one tile: one pass over x.
+
+    Grid: [cdiv(C, CHANNELS)]. Program p loads x[:, c0:c0+CHANNELS, :] once as one [BLOCK_B, BLOCK_J] tile
+    (module docstring), takes each channel's corrected two-pass mean and biased variance in fp32 (as in
+    batch_norm2d_partial_stats, sums segmented by `channel_sums`), writes mean[c],
     rstd[c] = 1/sqrt(var + eps), var_unbiased[c] = var * n/(n - 1) (n = B*HW), and
     y = (x - mean) * (weight[c] * rstd) + bias[c]. Every y is written.
     """
-    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    b = tl.arange(0, BLOCK_B)
-    hw = tl.arange(0, BLOCK_HW)
-    c_in = c < C
-    inside = c_in[:, None, None] & (b < B)[None, :, None] & (hw < HW)[None, None, :]
-    offsets = ((b.to(tl.int64)[None, :] * C + c[:, None]) * HW)[:, :, None] + hw[None, None, :]
+    c0, offsets, inside, column_channel, _ = channel_group_tile(B, C, HW, CHANNELS, BLOCK_B, BLOCK_J, VECTOR)
+    k = tl.arange(0, BLOCK_C)
+    member = column_channel[:, None] == k[None, :]
+    c = c0 + k
+    c_in = (k < CHANNELS) & (c < C)
     xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
     count = (B * HW).to(tl.float32)
-    rough_mean = tl.sum(tl.sum(xv, axis=2), axis=1) / count
-    deviation = tl.where(inside, xv - rough_mean[:, None, None], 0.0)
-    residual = tl.sum(tl.sum(deviation, axis=2), axis=1)
-    channel_mean = rough_mean + residual / count
-    m2 = tl.sum(tl.sum(deviation * deviation, axis=2), axis=1) - residual * residual / count
+    rough_mean = channel_sums(tl.sum(xv, axis=0), member) / count
+    deviation = tl.where(inside, xv - per_column(rough_mean, member)[None, :], 0.0)
+    residual = channel_sums(tl.sum(deviation, axis=0), member)
+    m2 = channel_sums(tl.sum(deviation * deviation, axis=0), member) - residual * residual / count
     channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(m2 / count + eps))
-    tl.store(mean + c, channel_mean, mask=c_in)
+    tl.store(mean + c, rough_mean + residual / count, mask=c_in)
     tl.store(rstd + c, channel_rstd, mask=c_in)
     tl.store(var_unbiased + c, m2 / (count - 1.0), mask=c_in)
     scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
-    shift = tl.load(bias + c, mask=c_in, other=0.0)
-    yv = (deviation - (residual / count)[:, None, None]) * scale[:, None, None] + shift[:, None, None]
+    shift = tl.load(bias + c, mask=c_in, other=0.0) - (residual / count) * scale
+    yv = deviation * per_column(scale, member)[None, :] + per_column(shift, member)[None, :]
     tl.store(y + offsets, yv.to(y.dtype.element_ty), mask=inside)
 
 
@@ -344,36 +418,37 @@ def batch_norm2d_train_backward_dx(
 
 @triton.jit
 def batch_norm2d_train_backward_fused(
-    dy, x, dx, weight, mean, rstd, dweight, dbias, B, C, HW,
-    BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr,
+    dy, x, dx, weight, mean, rstd, dweight, dbias, B, C, HW, CHANNELS,
+    BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, VECTOR: tl.constexpr,
 ):
-    """Training backward for channels that fit one tile (BLOCK_B >= B, BLOCK_HW >= HW): one pass.
+    """Training backward for channels that fit one tile: one pass over dy and x.
 
-    Grid: [cdiv(C, BLOCK_C)]. Program p loads dy and x of its BLOCK_C channels once and writes
-    dbias[c] = sum(dy), dweight[c] = rstd * sum(dy * (x - mean)) and
-        dx = weight*rstd*(dy - dbias/M) - (x - mean) * weight*rstd^3 * sum(dy*(x - mean))/M.
+    Grid: [cdiv(C, CHANNELS)]. Program p loads dy and x of channels c0..c0+CHANNELS-1 once, each as one
+    [BLOCK_B, BLOCK_J] tile (module docstring), and writes dbias[c] = sum(dy),
+    dweight[c] = rstd * sum(dy * (x - mean)) (sums segmented by `channel_sums`) and
+        dx = weight*rstd*(dy - dbias/M) - (x - mean) * weight*rstd^3 * sum(dy*(x - mean))/M,  M = B*HW.
     Every dx is written.
     """
-    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    b = tl.arange(0, BLOCK_B)
-    hw = tl.arange(0, BLOCK_HW)
-    c_in = c < C
-    inside = c_in[:, None, None] & (b < B)[None, :, None] & (hw < HW)[None, None, :]
-    offsets = ((b.to(tl.int64)[None, :] * C + c[:, None]) * HW)[:, :, None] + hw[None, None, :]
-    channel_mean = tl.load(mean + c, mask=c_in, other=0.0)
-    channel_rstd = tl.load(rstd + c, mask=c_in, other=0.0)
+    c0, offsets, inside, column_channel, in_row = channel_group_tile(B, C, HW, CHANNELS, BLOCK_B, BLOCK_J, VECTOR)
+    k = tl.arange(0, BLOCK_C)
+    member = column_channel[:, None] == k[None, :]
+    c = c0 + k
+    c_in = (k < CHANNELS) & (c < C)
+    column_mean = tl.load(mean + c0 + column_channel, mask=in_row, other=0.0)
     dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
     xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
-    xmu = tl.where(inside, xv - channel_mean[:, None, None], 0.0)
-    sum_dy = tl.sum(tl.sum(dyv, axis=2), axis=1)
-    sum_dy_xmu = tl.sum(tl.sum(dyv * xmu, axis=2), axis=1)
+    xmu = tl.where(inside, xv - column_mean[None, :], 0.0)
+    sum_dy = channel_sums(tl.sum(dyv, axis=0), member)
+    sum_dy_xmu = channel_sums(tl.sum(dyv * xmu, axis=0), member)
+    channel_rstd = tl.load(rstd + c, mask=c_in, other=0.0)
     tl.store(dbias + c, sum_dy, mask=c_in)
     tl.store(dweight + c, sum_dy_xmu * channel_rstd, mask=c_in)
     count = (B * HW).to(tl.float32)
     dy_scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
     dy_shift = dy_scale * sum_dy / count
     xmu_scale = dy_scale * channel_rstd * channel_rstd * sum_dy_xmu / count
-    dxv = dyv * dy_scale[:, None, None] - dy_shift[:, None, None] - xmu * xmu_scale[:, None, None]
+    dxv = (dyv * per_column(dy_scale, member)[None, :] - per_column(dy_shift, member)[None, :]
+           - xmu * per_column(xmu_scale, member)[None, :])
     tl.store(dx + offsets, dxv.to(dx.dtype.element_ty), mask=inside)
 
 
@@ -406,14 +481,18 @@ BatchNorm2dPartialStats = kernel_object(
 BatchNorm2dTrainNormalize = kernel_object(
     batch_norm2d_train_normalize, entry=normalize_entry, example=(8, 256, 64), floats=("eps",),
     pointer_dtypes=_STATS)
+# Fused kernels: 8 warps hold a FUSED_TILE-element tile at 32 elements per thread.
+FUSED_HELPERS = (channel_group_tile, channel_sums, per_column)
 BatchNorm2dTrainForwardFused = kernel_object(
-    batch_norm2d_train_forward_fused, entry=fused_entry, example=(1, 32, 64), floats=("eps",), pointer_dtypes=_STATS)
+    batch_norm2d_train_forward_fused, entry=fused_entry, example=(4, 32, 256, 4), floats=("eps",),
+    pointer_dtypes=_STATS, num_warps=8, helpers=FUSED_HELPERS)
 BatchNorm2dPartialGradSums = kernel_object(
     batch_norm2d_partial_grad_sums, entry=partial_stats_entry, example=(8, 256), pointer_dtypes=_STATS)
 BatchNorm2dTrainBackwardDx = kernel_object(
     batch_norm2d_train_backward_dx, entry=normalize_entry, example=(8, 256, 64), pointer_dtypes=_STATS)
 BatchNorm2dTrainBackwardFused = kernel_object(
-    batch_norm2d_train_backward_fused, entry=fused_entry, example=(1, 32, 64), pointer_dtypes=_STATS)
+    batch_norm2d_train_backward_fused, entry=fused_entry, example=(4, 32, 256, 4), pointer_dtypes=_STATS,
+    num_warps=8, helpers=FUSED_HELPERS)
 BatchNorm2dUpdateRunningStats = kernel_object(
     batch_norm2d_update_running_stats, entry=update_running_stats_entry, example=(1024,), floats=("momentum",),
     pointer_dtypes=_STATS)
