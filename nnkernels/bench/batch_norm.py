@@ -9,7 +9,7 @@ Timed in CUDA graphs: forward through the functional call (the training forward 
 running-statistics update on both sides); backward as the op each autograd formula calls
 (ours: nnkernels::batch_norm_*_backward; PyTorch: aten._batch_norm_impl_index_backward, cuDNN where
 it picks it).
-Run: python3 -m nnkernels.bench.batch_norm --out DIR [--quick] [--sweep]
+Run: python3 -m nnkernels.bench.batch_norm --out DIR [--quick] [--sweep] [--case 7x7]
 """
 from __future__ import annotations
 
@@ -75,10 +75,10 @@ def _backward_calls(x, dy, weight, bias, running_mean, running_var, training):
     return ours, theirs
 
 
-def run(quick: bool = False) -> list[harness.Row]:
+def run(quick: bool = False, case_filter: str = "") -> list[harness.Row]:
     harness.require_gpu()
     rows = []
-    for case, shape in SUITE[:1] if quick else SUITE:
+    for case, shape in [(c, s) for c, s in (SUITE[:1] if quick else SUITE) if case_filter in c]:
         B, C, H, W = shape
         fused = batch_norm_plan(B, C, H * W).fused
         for dtype in DTYPES:
@@ -149,8 +149,9 @@ def main():
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sweep", action="store_true", help="after the table, time plans and warp counts")
+    parser.add_argument("--case", default="", help="only the suite's shapes whose name contains this (e.g. 7x7)")
     args = parser.parse_args()
-    rows = run(quick=args.quick)
+    rows = run(quick=args.quick, case_filter=args.case)
     print(harness.report(rows, args.out, "batch_norm", f"batch_norm: nnkernels vs PyTorch; {BYTES_FORMULA}"))
     if args.sweep:
         print(sweep())
