@@ -271,13 +271,43 @@ def image_tile(block_m: int, pixels_per_image: int) -> int:
     return min(block_m, pow2_at_least(pixels_per_image))
 
 
+def _dw_split(tiles: int, pixels: int, block_k: int, oversubscribe: int) -> int:
+    """Pixel slices of a dw launch: about `oversubscribe` programs per SM, each slice at least
+    four K-steps long."""
+    most = max(1, pixels // (4 * block_k))
+    return max(1, min(most, -(-oversubscribe * _num_sms() // tiles)))
+
+
 def channels_last_dw_candidates(m: int, c_in: int, taps: int, pixels: int, dtype: torch.dtype) -> list[Config]:
-    """`dw_candidates` for the channels-last dw kernel, whose column tiles lie inside one tap:
-    BLOCK_N divides C_IN."""
+    """Configs of the channels-last dw kernel. A column tile either lies inside one tap (BLOCK_N
+    divides C_IN) or holds all C_IN channels of BLOCK_N/C_IN taps (small power-of-two C_IN: the
+    dy tile is then loaded once for several taps, and the tile reaches the 128 to 256 columns a
+    64-channel layer otherwise cannot). For fp32, variants with num_stages=1: TF32 tensor cores
+    take operands contiguous along the reduced pixels, these are contiguous along channels, so the
+    pipelined copies into shared memory go 4 bytes at a time, where an unpipelined tile is loaded
+    16 bytes at a time and transposed on its way into shared memory."""
     limit = _pow2_dividing(c_in)
-    found = [Config(c.block_m, min(c.block_n, limit), c.block_k, c.num_warps, c.num_stages, c.split)
-             for c in dw_candidates(m, c_in * taps, pixels, 1, dtype)]
-    return list(dict.fromkeys(found))
+    if INTERPRETED:
+        return [Config(_clamp_pow2(m, 16, 64), min(_clamp_pow2(c_in * taps, 16, 128), limit),
+                       _clamp_pow2(pixels, 16, 4096), 4, 1, 1)]
+    wide = 64 if dtype != torch.float32 else 32
+    shapes = [(64, 64, wide, 4, 3, 2), (64, 128, wide, 8, 3, 2), (128, 64, wide, 8, 3, 2), (64, 64, wide, 4, 4, 4),
+              (128, 128, wide, 8, 3, 2), (64, 64, wide // 2, 4, 4, 2)]
+    if c_in == limit and c_in <= 64:
+        shapes += [(64, 2 * c_in, wide, 4, 3, 2), (64, 2 * c_in, wide, 8, 3, 2), (64, 4 * c_in, wide, 8, 3, 2)]
+    if dtype == torch.float32:
+        shapes += [(64, 64, 32, 4, 1, 4), (128, 128, 32, 8, 1, 2), (64, 128, 32, 4, 1, 4)]
+    configs = []
+    for block_m, block_n, block_k, warps, stages, oversubscribe in shapes:
+        block_m = _clamp_pow2(m, 16, block_m)
+        if block_n > c_in and c_in == limit:  # several taps, at most four (9 taps: 3 tiles of 4)
+            block_n = min(block_n, 4 * c_in)
+        else:
+            block_n = min(block_n, limit)
+        span = max(1, block_n // c_in)
+        tiles = -(-m // block_m) * -(-taps // span) * (c_in // (block_n // span))
+        configs.append(Config(block_m, block_n, block_k, warps, stages, _dw_split(tiles, pixels, block_k, oversubscribe)))
+    return list(dict.fromkeys(configs))
 
 
 def reduce_block(row: int) -> int:

@@ -108,7 +108,7 @@ def test_channels_last_kernels_match_float64(dtype):
     Conv2dGemmClForward(*geometry, True, False, 32, 16, 16, 8, dtype=dtype).launch(x_cl, w_cl, bias, y, *sizes)
     split = 3
     partial = poisoned(split, dw_partial_size(C_OUT, C_IN, 3, 3, True), dtype=torch.float32)
-    Conv2dGemmClDw(*geometry, True, False, 16, 16, 16, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
+    Conv2dGemmClDw(*geometry, True, False, 16, 16, 16, 1, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
     dw, dbias = poisoned(C_OUT, C_IN, 3, 3, dtype=dtype), poisoned(C_OUT, dtype=dtype)
     Conv2dDwReduce(True, 64, dtype=dtype).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
     y64, _, dw64, db64 = _references(x, w, bias, dy, stride, pad, dil, 1)
@@ -116,6 +116,29 @@ def test_channels_last_kernels_match_float64(dtype):
         assert_close(out, ref, dtype)
     with pytest.raises(ValueError, match="C_IN: expected a multiple of block_k"):
         Conv2dGemmClForward(*geometry, True, False, 32, 16, 64, 32, dtype=dtype).launch(x_cl, w_cl, bias, y, *sizes)
+
+
+@pytest.mark.parametrize("tap_span", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_channels_last_dw_tiles_spanning_taps(dtype, tap_span):
+    """dw column tiles of several taps x all C_IN channels; the last tile's taps run past KH*KW
+    (9 taps in tiles of 2 or 4), and C_OUT is ragged in its tile."""
+    B, C_IN, C_OUT, H, W, stride, pad, dil = 2, 16, 24, 6, 7, (1, 2), (1, 1), (2, 1)
+    OH, OW = _conv_sizes(B, C_IN, C_OUT, H, W, 3, 3, stride, pad, dil)
+    x, dy = randn(B, C_IN, H, W, dtype=dtype), randn(B, C_OUT, OH, OW, dtype=dtype)
+    w = randn(C_OUT, C_IN, 3, 3, dtype=dtype)
+    geometry, sizes, split = (3, 3, *stride, *pad, *dil), (B, C_IN, C_OUT, H, W, OH, OW), 2
+    x_cl, dy_cl = (t.permute(0, 2, 3, 1).contiguous() for t in (x, dy))
+    partial = poisoned(split, dw_partial_size(C_OUT, C_IN, 3, 3, True), dtype=torch.float32)
+    kernel = Conv2dGemmClDw(*geometry, True, False, 16, 16 * tap_span, 16, tap_span, dtype=dtype)
+    kernel.launch(dy_cl, x_cl, partial, *sizes, split)
+    dw, dbias = poisoned(C_OUT, C_IN, 3, 3, dtype=dtype), poisoned(C_OUT, dtype=dtype)
+    Conv2dDwReduce(True, 64, dtype=dtype).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
+    _, _, dw64, db64 = _references(x, w, None, dy, stride, pad, dil, 1)
+    assert_close(dw, dw64, dtype)
+    assert_close(dbias, dy.double().sum((0, 2, 3)), dtype)
+    with pytest.raises(ValueError, match="C_IN: expected block_n / tap_span = 8"):
+        Conv2dGemmClDw(*geometry, True, False, 16, 16, 16, 2, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
 
 
 # (B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dilation): C_OUT a multiple of BLOCK_K = 16, C_IN anything.

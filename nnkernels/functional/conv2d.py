@@ -243,7 +243,8 @@ class _Problem:
         return _kernel(Conv2dGemmClDx, constants, self.dtype, config.num_warps, config.num_stages)
 
     def cl_dw_kernel(self, config, with_bias):
-        constants = self.geometry + (with_bias, self.tf32, config.block_m, config.block_n, config.block_k)
+        tap_span = max(1, config.block_n // self.C_IN)  # a column tile wider than C_IN spans taps
+        constants = self.geometry + (with_bias, self.tf32, config.block_m, config.block_n, config.block_k, tap_span)
         return _kernel(Conv2dGemmClDw, constants, self.dtype, config.num_warps, config.num_stages)
 
     def forward_candidates(self):

@@ -104,15 +104,22 @@ def conv2d_gemm_cl_forward(
 
 
 def conv2d_gemm_cl_dw_entry(k, a):
-    """Grid (c_out tiles * n tiles, SPLIT, 1) for `Conv2dGemmClDw`."""
+    """Grid (c_out tiles * tap groups * channel blocks, SPLIT, 1) for `Conv2dGemmClDw`."""
     check_conv_launch(k, a, 1)
-    if a.C_IN % k.block_n:
+    if k.tap_span < 1 or k.tap_span & (k.tap_span - 1) or k.block_n % k.tap_span:
+        raise ValueError(f"tap_span: expected a power of two dividing block_n = {k.block_n}, got {k.tap_span}")
+    channels_per_tap = k.block_n // k.tap_span
+    if k.tap_span > 1 and a.C_IN != channels_per_tap:
+        raise ValueError(f"C_IN: expected block_n / tap_span = {channels_per_tap} (a tile spanning taps holds "
+                         f"all their channels), got {a.C_IN}")
+    if a.C_IN % channels_per_tap:
         raise ValueError(f"C_IN: expected a multiple of block_n = {k.block_n}, got {a.C_IN}")
     if a.SPLIT > a.B * a.OH * a.OW:
         raise ValueError(f"SPLIT: expected at most B*OH*OW = {a.B * a.OH * a.OW} slices, got {a.SPLIT}")
     row = dw_partial_size(a.C_OUT, a.C_IN, k.kh, k.kw, k.has_bias)
     check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C_OUT*C_IN*KH*KW [+ C_OUT with HAS_BIAS])")
-    tiles = triton.cdiv(a.C_OUT, k.block_m) * (k.kh * k.kw * a.C_IN // k.block_n)
+    tiles = (triton.cdiv(a.C_OUT, k.block_m) * triton.cdiv(k.kh * k.kw, k.tap_span)
+             * (a.C_IN // channels_per_tap))
     return check_grid_3d(tiles, a.SPLIT, 1)
 
 
@@ -122,29 +129,34 @@ def conv2d_gemm_cl_dw(
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAP_SPAN: tl.constexpr,
 ):
     """2-D convolution weight gradient (groups = 1) from channels-last dy and x, split over pixels.
 
-    dy is [B, OH, OW, C_OUT] and x is [B, H, W, C_IN], both contiguous; C_IN % BLOCK_N == 0.
-    Grid: (cdiv(C_OUT, BLOCK_M) * KH*KW*C_IN/BLOCK_N, SPLIT, 1). Program (tile, s) takes the pixels
-    p = b*OH*OW + oh*OW + ow of slice s, [s*L, min((s+1)*L, B*OH*OW)) with
-    L = cdiv(cdiv(B*OH*OW, SPLIT), BLOCK_K)*BLOCK_K, its BLOCK_M channels c_out and its BLOCK_N
-    columns n = (kh*KW + kw)*C_IN + c_in (one tap per tile), and writes
+    dy is [B, OH, OW, C_OUT] and x is [B, H, W, C_IN], both contiguous. A column tile holds
+    TAP_SPAN taps by CT = BLOCK_N/TAP_SPAN channels: CT divides C_IN, and CT == C_IN when
+    TAP_SPAN > 1 (small C_IN: a tile of several taps reuses each dy tile for all of them).
+    Grid: (cdiv(C_OUT, BLOCK_M) * cdiv(KH*KW, TAP_SPAN) * C_IN/CT, SPLIT, 1). Program (tile, s)
+    takes the pixels p = b*OH*OW + oh*OW + ow of slice s, [s*L, min((s+1)*L, B*OH*OW)) with
+    L = cdiv(cdiv(B*OH*OW, SPLIT), BLOCK_K)*BLOCK_K, its BLOCK_M channels c_out, its taps
+    tap = kh*KW + kw and its channels c_in, and writes
         partial[s, c_out*C_IN*KH*KW + c_in*KH*KW + kh*KW + kw] = sum over p of dy[b, oh, ow, c_out]
             * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
-    (x read as 0 outside the image) and, when HAS_BIAS, the tiles of the first column also write
-        partial[s, C_OUT*C_IN*KH*KW + c_out] = sum over p of dy[b, oh, ow, c_out].
+    (x read as 0 outside the image) and, when HAS_BIAS, the tiles of the first taps and channels
+    also write partial[s, C_OUT*C_IN*KH*KW + c_out] = sum over p of dy[b, oh, ow, c_out].
     Tensor-core products (TF32 for fp32 when TF32), fp32 sums; every element of `partial` is written.
     """
     pid_tile = tl.program_id(0)
     split = tl.program_id(1)
     taps: tl.constexpr = KH * KW
-    num_n_tiles = taps * C_IN // BLOCK_N
-    tile_m = pid_tile // num_n_tiles
-    n_first = (pid_tile % num_n_tiles) * BLOCK_N
-    tap = n_first // C_IN
-    c_in = n_first - tap * C_IN + tl.arange(0, BLOCK_N)
+    CT: tl.constexpr = BLOCK_N // TAP_SPAN
+    channel_blocks = C_IN // CT
+    tiles_per_m = tl.cdiv(taps, TAP_SPAN) * channel_blocks
+    tile_m = pid_tile // tiles_per_m
+    tile_n = pid_tile % tiles_per_m
+    tap = (tile_n // channel_blocks) * TAP_SPAN + tl.arange(0, TAP_SPAN)
+    tap_ok = tap < taps
+    c_in = (tile_n % channel_blocks) * CT + tl.arange(0, CT)
     dh = (tap // KW) * DIL_H
     dw = (tap % KW) * DIL_W
     c_out = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -160,14 +172,15 @@ def conv2d_gemm_cl_dw(
         p = p_first + tl.arange(0, BLOCK_K)
         p_ok = p < slice_end
         p_in_image = p % ohw
-        ih = (p_in_image // OW) * STRIDE_H - PAD_H + dh
-        iw = (p_in_image % OW) * STRIDE_W - PAD_W + dw
-        inside = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        ih = ((p_in_image // OW) * STRIDE_H - PAD_H)[:, None] + dh[None, :]
+        iw = ((p_in_image % OW) * STRIDE_W - PAD_W)[:, None] + dw[None, :]
+        inside = p_ok[:, None] & tap_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         dy_tile = tl.load(
             dy + (p.to(tl.int64) * C_OUT)[:, None] + c_out[None, :], mask=p_ok[:, None] & c_out_ok[None, :], other=0.0
         )
-        x_pixel = (((p // ohw).to(tl.int64) * H + ih) * W + iw) * C_IN
-        x_tile = tl.load(x + x_pixel[:, None] + c_in[None, :], mask=inside[:, None], other=0.0)
+        x_pixel = (((p // ohw).to(tl.int64)[:, None] * H + ih) * W + iw) * C_IN
+        x_taps = tl.load(x + x_pixel[:, :, None] + c_in[None, None, :], mask=inside[:, :, None], other=0.0)
+        x_tile = tl.reshape(x_taps, [BLOCK_K, BLOCK_N])
         if TF32:
             acc = tl.dot(tl.trans(dy_tile), x_tile, acc, input_precision="tf32")
         else:
@@ -178,10 +191,12 @@ def conv2d_gemm_cl_dw(
     if HAS_BIAS:
         row_len += C_OUT
     row = partial + split.to(tl.int64) * row_len
-    dw_index = (c_out * (C_IN * taps))[:, None] + (c_in * taps + tap)[None, :]
-    tl.store(row + dw_index, acc, mask=c_out_ok[:, None])
+    column = tl.reshape(c_in[None, :] * taps + tap[:, None], [BLOCK_N])
+    column_ok = tl.reshape(tap_ok[:, None] & (c_in < C_IN)[None, :], [BLOCK_N])
+    tl.store(row + (c_out * (C_IN * taps))[:, None] + column[None, :], acc,
+             mask=c_out_ok[:, None] & column_ok[None, :])
     if HAS_BIAS:
-        if n_first == 0:
+        if tile_n == 0:
             tl.store(row + C_OUT * C_IN * taps + c_out, dbias, mask=c_out_ok)
 
 
@@ -196,7 +211,7 @@ Conv2dGemmClForward = kernel_object(
 )
 Conv2dGemmClDw = kernel_object(
     conv2d_gemm_cl_dw,
-    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64, 1),
     entry=conv2d_gemm_cl_dw_entry,
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
