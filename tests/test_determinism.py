@@ -85,15 +85,17 @@ CASES = {
     "avg_pool2d-bf16-overlapping": Case("avg_pool2d", dict(x=(16, 32, 33, 31)), dict(x=(1, 2, 7, 5)),
                                         ("AvgPool2dGatherForward", "AvgPool2dGatherBackward"),
                                         dict(kernel_size=(3, 2), stride=1, padding=1), torch.bfloat16),
-    # batch_norm: one tile per channel (fused kernels) and split into chunks (partials in a fixed order).
+    # batch_norm: channels that fit one tile (fused and grouped kernels) and split into chunks (partials in a
+    # fixed order).
     "batch_norm-train-fused": Case("batch_norm", dict(x=(4, 64, 16, 16)), dict(x=(2, 3, 4, 4)), BN_FUSED,
                                    dict(training=True)),
     "batch_norm-train-split": Case("batch_norm", dict(x=(32, 16, 32, 32)), dict(x=(2, 3, 4, 4)), BN_SPLIT,
                                    dict(training=True)),
     "batch_norm-train-split-bf16": Case("batch_norm", dict(x=(64, 8, 56, 56)), dict(x=(2, 3, 4, 4)), BN_SPLIT,
                                         dict(training=True), torch.bfloat16),
-    "batch_norm-eval-one-chunk": Case("batch_norm", dict(x=(4, 64, 16, 16)), dict(x=(2, 3, 4, 4)),
-                                      ("BatchNorm2dEvalForward", "BatchNorm2dEvalBackward"), dict(training=False)),
+    "batch_norm-eval-grouped": Case("batch_norm", dict(x=(4, 64, 16, 16)), dict(x=(2, 3, 4, 4)),
+                                    ("BatchNorm2dEvalForwardGrouped", "BatchNorm2dEvalBackwardGrouped"),
+                                    dict(training=False)),
     "batch_norm-eval-chunks": Case("batch_norm", dict(x=(32, 16, 32, 32)), dict(x=(2, 3, 4, 4)),
                                    ("BatchNorm2dEvalForward", "BatchNorm2dEvalBackward", "BatchNorm2dSumPartials"),
                                    dict(training=False), torch.float16),
