@@ -184,7 +184,7 @@ def test_backward_is_bitwise_deterministic(name, caplog):
 
 @pytest.mark.skipif(not INTERPRETED, reason="the dry run on tiny shapes is for the CPU; the GPU runs the cases above")
 @pytest.mark.parametrize("name", ["conv2d-nchw-fp32", "avg_pool2d", "batch_norm-train-fused",
-                                  "batch_norm-eval-one-chunk"])
+                                  "batch_norm-eval-grouped"])
 def test_dry_run_on_the_cpu(name, caplog):
     case = CASES[name]
     check_case(case, case.cpu, caplog, expect_kernels=False)
