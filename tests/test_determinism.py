@@ -78,10 +78,13 @@ CASES = {
     "conv2d-depthwise-bf16": Case("conv2d", dict(x=(32, 32, 56, 56), w=(32, 1, 5, 5)),
                                   dict(x=(2, 3, 5, 5), w=(3, 1, 5, 5)), CONV_DEPTHWISE,
                                   dict(padding=2, stride=2, groups="C"), torch.bfloat16),
-    # avg_pool2d: gather backward (no atomics).
+    # avg_pool2d: gather backward (no atomics); the lanes kernels where rows split into aligned groups.
     "avg_pool2d": Case("avg_pool2d", dict(x=(32, 64, 56, 56)), dict(x=(2, 3, 6, 6)),
-                       ("AvgPool2dGatherForward", "AvgPool2dGatherBackward"),
+                       ("AvgPool2dLanesForward", "AvgPool2dGatherBackward"),
                        dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
+    "avg_pool2d-lanes-bf16": Case("avg_pool2d", dict(x=(32, 64, 56, 56)), dict(x=(1, 2, 8, 8)),
+                                  ("AvgPool2dLanesForward", "AvgPool2dLanesBackward"),
+                                  dict(kernel_size=3, stride=1, padding=1), torch.bfloat16),
     "avg_pool2d-bf16-overlapping": Case("avg_pool2d", dict(x=(16, 32, 33, 31)), dict(x=(1, 2, 7, 5)),
                                         ("AvgPool2dGatherForward", "AvgPool2dGatherBackward"),
                                         dict(kernel_size=(3, 2), stride=1, padding=1), torch.bfloat16),

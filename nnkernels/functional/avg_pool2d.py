@@ -18,14 +18,16 @@ from ..ops.avg_pool2d_gather import (
     AvgPool2dGatherBackward,
     AvgPool2dGatherForward,
     contiguous_row_align,
+    lanes_config,
     pooled_size,
     pooling_config,
     row_align,
     uniform_divisor,
 )
+from ..ops.avg_pool2d_lanes import AvgPool2dLanesBackward, AvgPool2dLanesForward, backward_lanes, forward_lanes
 
 # The kernel classes this op launches (for `nnkernels list`).
-KERNEL_CLASSES = (AvgPool2dGatherForward, AvgPool2dGatherBackward)
+KERNEL_CLASSES = (AvgPool2dLanesForward, AvgPool2dLanesBackward, AvgPool2dGatherForward, AvgPool2dGatherBackward)
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 log = logging.getLogger("nnkernels")
@@ -81,24 +83,43 @@ def _kernel(cls, dtype, *constants, num_warps):
     return cls(*constants, dtype=dtype, num_warps=num_warps)
 
 
-def _launch(cls, source, out, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor):
-    """Launch the forward (source = x, out = y) or the backward (source = dy, out = dx)."""
-    planes = out.shape[0] * out.shape[1]
-    if cls is AvgPool2dGatherBackward:
-        # Each dx gathers from the windows that may cover it: cdiv(k, stride) per axis.
-        rows, cols, taps = planes * H, W, -(-kernel[0] // stride[0]) * -(-kernel[1] // stride[1])
-    else:
-        rows, cols, taps = planes * OH, OW, kernel[0] * kernel[1]
-    # The window options under the attribute names `uniform_divisor` reads from a kernel object.
+def _pick(direction, dtype, planes, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor):
+    """The kernel object for one pass: the lanes kernel (vector row loads) where its contract holds,
+    else the gather kernel, which takes every case."""
+    # The window options under the attribute names `uniform_divisor` and the lane rules read.
     options = SimpleNamespace(kh=kernel[0], kw=kernel[1], stride_h=stride[0], stride_w=stride[1], pad_h=padding[0],
                               pad_w=padding[1], count_include_pad=count_include_pad, divisor_override=divisor)
     uniform = uniform_divisor(options, H, W, OH, OW)
-    block_r, block_w, num_warps = pooling_config(rows, cols, taps)
-    x_align = () if cls is AvgPool2dGatherBackward else (contiguous_row_align(options, W, OW),)
-    k = _kernel(cls, out.dtype, *kernel, *stride, *padding, count_include_pad, divisor, uniform, row_align(cols),
-                *x_align, block_r, block_w, num_warps=num_warps)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    common = (*kernel, *stride, *padding, count_include_pad, divisor, uniform)
+    if direction == "backward":
+        rows, cols = planes * H, W
+        lanes, src_vec = backward_lanes(options, W, OW, itemsize, uniform)
+        if lanes:
+            block_r, block_g, num_warps = lanes_config(rows, -(-cols // lanes), lanes)
+            return _kernel(AvgPool2dLanesBackward, dtype, *common, lanes, src_vec, min(row_align(cols), lanes), block_r,
+                           block_g, num_warps=num_warps)
+        # Each dx gathers from the windows that may cover it: cdiv(k, stride) per axis.
+        taps = -(-kernel[0] // stride[0]) * -(-kernel[1] // stride[1])
+        block_r, block_w, num_warps = pooling_config(rows, cols, taps)
+        return _kernel(AvgPool2dGatherBackward, dtype, *common, row_align(cols), block_r, block_w,
+                       num_warps=num_warps)
+    rows, cols = planes * OH, OW
+    lanes = forward_lanes(options, W, itemsize)
+    if lanes:
+        block_r, block_g, num_warps = lanes_config(rows, -(-cols // lanes), lanes)
+        return _kernel(AvgPool2dLanesForward, dtype, *common, lanes, min(row_align(cols), lanes), block_r, block_g,
+                       num_warps=num_warps)
+    block_r, block_w, num_warps = pooling_config(rows, cols, kernel[0] * kernel[1])
+    return _kernel(AvgPool2dGatherForward, dtype, *common, row_align(cols), contiguous_row_align(options, W, OW),
+                   block_r, block_w, num_warps=num_warps)
+
+
+def _launch(direction, source, out, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor):
+    """Launch the forward (source = x, out = y) or the backward (source = dy, out = dx)."""
+    planes = out.shape[0] * out.shape[1]
+    k = _pick(direction, out.dtype, planes, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor)
     k.launch(source, out, planes, H, W, OH, OW)
-    direction = "backward" if cls is AvgPool2dGatherBackward else "forward"
     _last_kernels[direction] = k.id
     log.debug("avg_pool2d %s: %s", direction, k.id)
 
@@ -118,7 +139,7 @@ def avg_pool2d_op(
     OH, OW = _output_size(H, W, kernel_size, stride, padding, ceil_mode)
     y = x.new_empty(B, C, OH, OW)
     if y.numel():
-        _launch(AvgPool2dGatherForward, x.contiguous(), y, H, W, OH, OW, kernel_size, stride, padding,
+        _launch("forward", x.contiguous(), y, H, W, OH, OW, kernel_size, stride, padding,
                 count_include_pad, divisor_override)
     return y
 
@@ -138,7 +159,7 @@ def avg_pool2d_backward_op(
     B, C, OH, OW = dy.shape
     dx = dy.new_empty(B, C, input_height, input_width)
     if dx.numel():
-        _launch(AvgPool2dGatherBackward, dy.contiguous(), dx, input_height, input_width, OH, OW, kernel_size,
+        _launch("backward", dy.contiguous(), dx, input_height, input_width, OH, OW, kernel_size,
                 stride, padding, count_include_pad, divisor_override)
     return dx
 

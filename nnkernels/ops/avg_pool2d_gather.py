@@ -240,3 +240,14 @@ def pooling_config(rows, cols, taps):
         return (*pooling_blocks(rows, cols), 4)
     tile, num_warps = (4096, 4) if taps == 1 else (2048, 4) if taps <= 4 else (2048, 8)
     return (*pooling_blocks(rows, cols, tile=tile), num_warps)
+
+
+def lanes_config(rows, groups, lanes):
+    """(BLOCK_R, BLOCK_G, num_warps) for the lanes kernels (avg_pool2d_lanes): `groups` groups of
+    `lanes` written elements per row. About 16 written elements per thread over 4 warps on the GPU
+    (a guess from the gather kernels' sweep, not measured for these kernels); on the CPU, few
+    programs as large as the problem."""
+    tile = 2**16 if INTERPRETED else 2048
+    block_g = min(triton.next_power_of_2(groups), max(1, 512 // lanes))
+    block_r = max(1, min(tile // (block_g * lanes), triton.next_power_of_2(rows)))
+    return block_r, block_g, 4
