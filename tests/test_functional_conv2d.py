@@ -4,6 +4,7 @@ References: torch.nn.functional.conv2d and its autograd in float64 on the same d
 On the GPU fp32 is checked with TF32 on (2e-3: TF32 products) and off (1e-5).
 """
 import json
+import time
 
 import pytest
 import torch
@@ -174,6 +175,19 @@ def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     assert tuning.choose("conv", (1, 2), candidates, ran.append) == candidates[1] and not ran
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert tuning.choose("conv", (9,), candidates, ran.append) == candidates[0] and not ran
+
+
+@gpu
+def test_tuning_times_the_gpu_not_the_launch():
+    """A config that takes 2 ms of Python to launch a few-microsecond kernel times far below 2 ms:
+    tuning compares what the kernels cost on the GPU, not the launch overhead every config shares."""
+    counter = torch.zeros(1024, device="cuda")
+
+    def run(config):
+        time.sleep(0.002)
+        counter.add_(1)
+
+    assert tuning._time_ms(run, None) < 0.5
 
 
 def test_interpreter_demo_shapes_use_one_program_per_kernel():
