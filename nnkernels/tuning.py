@@ -182,7 +182,9 @@ def gemm_candidates(m: int, n: int, k: int, dtype: torch.dtype) -> list[Config]:
     Interpreter: one program over (nearly) all pixels and channels, so the launch has few programs.
     GPU: 128 x N-tile x K-slice tiles with 4 warps (the usual Hopper wgmma shape), K-slices of
     64 bytes of fp32 or 128 bytes of 16-bit data; the alternatives vary the pixel tile (64, 256),
-    the K slice and the pipeline depth.
+    the K slice and the pipeline depth. The order is what tuning found on the H200 (the
+    nnkernels.bench.conv2d layers): the 64-pixel tile and the narrow K slice were the best or
+    within 5% of it on most layers, so quick tuning tries them right after the first guess.
     """
     block_n = _clamp_pow2(n, 16, 128)
     if INTERPRETED:
@@ -192,9 +194,9 @@ def gemm_candidates(m: int, n: int, k: int, dtype: torch.dtype) -> list[Config]:
     narrow = max(16, block_k // 2)
     configs = [
         Config(128, block_n, block_k, 4 if block_n <= 64 else 8, 3),
+        Config(64, block_n, block_k, 4, 4),
         Config(128, block_n, narrow, 4, 4),
         Config(256, block_n, block_k, 8, 3),
-        Config(64, block_n, block_k, 4, 4),
         Config(128, _clamp_pow2(n, 16, 256), block_k, 8, 3),
         Config(256, block_n, narrow, 8, 4),
     ]
@@ -294,18 +296,23 @@ def channels_last_dw_candidates(m: int, c_in: int, taps: int, pixels: int, dtype
     64-channel layer otherwise cannot). For fp32, variants with num_stages=1: TF32 tensor cores
     take operands contiguous along the reduced pixels, these are contiguous along channels, so the
     pipelined copies into shared memory go 4 bytes at a time, where an unpipelined tile is loaded
-    16 bytes at a time and transposed on its way into shared memory."""
+    16 bytes at a time and transposed on its way into shared memory. The order is what tuning
+    found on the H200 (nnkernels.bench.conv2d layers, 2026-12-01): for fp32 the unpipelined tiles
+    won on every layer, TF32 or not (r50 256@14 TF32: 221 us against 289 for the best pipelined
+    one); for bf16 128 x 64 tiles with 8 warps (64 x 64 where C_OUT is 64), 73 to 82 us against
+    78 to 98 for the others. Tiles of several taps did not pay in bf16 (80 against 73 us at
+    r50 64@56): the x tile of every tap is still loaded once per tap."""
     limit = _pow2_dividing(c_in)
     if INTERPRETED:
         return [Config(_clamp_pow2(m, 16, 64), min(_clamp_pow2(c_in * taps, 16, 128), limit),
                        _clamp_pow2(pixels, 16, 4096), 4, 1, 1)]
     wide = 64 if dtype != torch.float32 else 32
-    shapes = [(64, 64, wide, 4, 3, 2), (64, 128, wide, 8, 3, 2), (128, 64, wide, 8, 3, 2), (64, 64, wide, 4, 4, 4),
+    shapes = [(128, 64, wide, 8, 3, 2), (64, 64, wide, 4, 3, 2), (64, 64, wide, 4, 4, 4), (64, 128, wide, 8, 3, 2),
               (128, 128, wide, 8, 3, 2), (64, 64, wide // 2, 4, 4, 2)]
     if c_in == limit and c_in <= 64:
-        shapes += [(64, 2 * c_in, wide, 4, 3, 2), (64, 2 * c_in, wide, 8, 3, 2), (64, 4 * c_in, wide, 8, 3, 2)]
+        shapes += [(64, 2 * c_in, wide, 8, 3, 2), (64, 4 * c_in, wide, 8, 3, 2)]
     if dtype == torch.float32:
-        shapes += [(64, 64, 32, 4, 1, 4), (128, 128, 32, 8, 1, 2), (64, 128, 32, 4, 1, 4)]
+        shapes[:0] = [(64, 64, 32, 4, 1, 4), (64, 128, 32, 8, 1, 2), (64, 128, 32, 4, 1, 4)]
     configs = []
     for block_m, block_n, block_k, warps, stages, oversubscribe in shapes:
         block_m = _clamp_pow2(m, 16, block_m)
@@ -328,25 +335,38 @@ def reduce_block(row: int) -> int:
     return _clamp_pow2(row // (2 * _num_sms()), 128, 1024)
 
 
-def pointwise_config(c_out: int, c_in: int, pixels: int, dtype: torch.dtype) -> Config:
+def pointwise_candidates(c_out: int, c_in: int, pixels: int, dtype: torch.dtype) -> list[Config]:
     """Tiles of the 1x1 kernels (forward; dx swaps c_out and c_in): BLOCK_M channels x BLOCK_N
-    pixels x BLOCK_K reduced channels. A heuristic, not tuned: 128-pixel rows keep loads wide,
-    K slices of 128 bytes (64 bytes for fp32); the interpreter gets one program per image."""
+    pixels x BLOCK_K reduced channels. First guess: 128-pixel rows keep loads wide, K slices of
+    128 bytes (64 bytes for fp32); the others vary the pixel tile, the warps and the pipeline. For
+    fp32 also num_stages=1: the pixel-contiguous x tile is the wrong major-ness for TF32 tensor
+    cores, so pipelined copies go 4 bytes at a time (as in the channels-last dw, where the
+    unpipelined variant measured 1.2x to 1.6x faster). The interpreter gets one program per image."""
     if INTERPRETED:
-        return Config(_clamp_pow2(c_out, 16, 128), _clamp_pow2(pixels, 16, 4096), _clamp_pow2(c_in, 16, 128), 4, 1)
+        return [Config(_clamp_pow2(c_out, 16, 128), _clamp_pow2(pixels, 16, 4096), _clamp_pow2(c_in, 16, 128), 4, 1)]
     block_m = _clamp_pow2(c_out, 16, 128)
     block_k = _clamp_pow2(c_in, 16, 32 if dtype == torch.float32 else 64)
-    return Config(block_m, 128, block_k, 8 if block_m >= 128 else 4, 3)
+    warps = 8 if block_m >= 128 else 4
+    configs = [Config(block_m, 128, block_k, warps, 3), Config(block_m, 256, block_k, 8, 3),
+               Config(_clamp_pow2(c_out, 16, 64), 128, block_k, 4, 4)]
+    if dtype == torch.float32:
+        configs[1:1] = [Config(block_m, 128, block_k, warps, 1), Config(_clamp_pow2(c_out, 16, 64), 128, block_k, 4, 1)]
+    return list(dict.fromkeys(configs))
 
 
-def pointwise_dw_config(c_out: int, c_in: int, pixels: int, batch: int, dtype: torch.dtype) -> Config:
+def pointwise_dw_candidates(c_out: int, c_in: int, pixels: int, batch: int, dtype: torch.dtype) -> list[Config]:
     """Tiles and split of the 1x1 weight gradient: C_OUT x C_IN tiles, the B*HW pixels split until
-    about two programs per SM run, each slice keeping at least four steps."""
+    about two programs per SM run (four for the smaller tiles), each slice keeping at least four
+    steps. Both operands are pixel-contiguous, as every tensor-core type wants them."""
     if INTERPRETED:
-        return Config(_clamp_pow2(c_out, 16, 64), _clamp_pow2(c_in, 16, 128), _clamp_pow2(pixels, 16, 4096), 4, 1, 1)
+        return [Config(_clamp_pow2(c_out, 16, 64), _clamp_pow2(c_in, 16, 128), _clamp_pow2(pixels, 16, 4096), 4, 1, 1)]
     block_k = 64 if dtype != torch.float32 else 32
-    block_m, block_n = _clamp_pow2(c_out, 16, 64), _clamp_pow2(c_in, 16, 128)
-    tiles = -(-c_out // block_m) * -(-c_in // block_n)
-    steps = batch * -(-pixels // block_k)
-    split = max(1, min(2 * _num_sms() // tiles, steps // 4))
-    return Config(block_m, block_n, block_k, 4, 3, split)
+    configs = []
+    for block_m, block_n, warps, stages, oversubscribe in ((64, 128, 4, 3, 2), (128, 128, 8, 3, 2), (64, 64, 4, 4, 4),
+                                                           (64, 128, 8, 3, 2)):
+        block_m, block_n = _clamp_pow2(c_out, 16, block_m), _clamp_pow2(c_in, 16, block_n)
+        tiles = -(-c_out // block_m) * -(-c_in // block_n)
+        steps = batch * -(-pixels // block_k)
+        split = max(1, min(-(-oversubscribe * _num_sms() // tiles), steps // 4))
+        configs.append(Config(block_m, block_n, block_k, warps, stages, split))
+    return list(dict.fromkeys(configs))

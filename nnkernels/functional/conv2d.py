@@ -288,16 +288,20 @@ class _Problem:
                                      config.block_k)
         return _kernel(Conv2dGemmDw, constants, self.dtype, config.num_warps, config.num_stages)
 
-    def pointwise_kernel(self, for_dx=False):
+    def pointwise_candidates(self, for_dx=False):
         c_out, c_in = (self.C_IN, self.C_OUT) if for_dx else (self.C_OUT, self.C_IN)
-        config = tuning.pointwise_config(c_out, c_in, self.H * self.W, self.dtype)
+        return tuning.pointwise_candidates(c_out, c_in, self.H * self.W, self.dtype)
+
+    def pointwise_kernel(self, config, for_dx=False):
         constants = (self.has_bias and not for_dx, self.tf32, config.block_m, config.block_n, config.block_k)
         return _kernel(Conv2dPointwise, constants, self.dtype, config.num_warps, config.num_stages)
 
-    def pointwise_dw_kernel(self, with_bias):
-        config = tuning.pointwise_dw_config(self.C_OUT, self.C_IN, self.H * self.W, self.B, self.dtype)
+    def pointwise_dw_candidates(self):
+        return tuning.pointwise_dw_candidates(self.C_OUT, self.C_IN, self.H * self.W, self.B, self.dtype)
+
+    def pointwise_dw_kernel(self, config, with_bias):
         constants = (with_bias, self.tf32, config.block_m, config.block_n, config.block_k)
-        return _kernel(Conv2dPointwiseDw, constants, self.dtype, config.num_warps, config.num_stages), config.split
+        return _kernel(Conv2dPointwiseDw, constants, self.dtype, config.num_warps, config.num_stages)
 
     def reduce_kernel(self, with_bias):
         row = dw_partial_size(self.C_OUT, self.cin_per_group, self.KH, self.KW, with_bias)
@@ -317,9 +321,11 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
             kernels += [problem.dx_kernel(config), problem.dw_kernel(config, bias), problem.reduce_kernel(bias)]
         return [k.id for k in kernels]
     if problem.pointwise:
-        kernels = [problem.pointwise_kernel()]
+        kernels = [problem.pointwise_kernel(tuning.peek("conv2d_pointwise", problem.key, problem.pointwise_candidates()))]
         if backward:
-            kernels += [problem.pointwise_kernel(for_dx=True), problem.pointwise_dw_kernel(bias)[0],
+            dx_config = tuning.peek("conv2d_pointwise_dx", problem.key, problem.pointwise_candidates(for_dx=True))
+            dw_config = tuning.peek("conv2d_pointwise_dw", problem.key + (bias,), problem.pointwise_dw_candidates())
+            kernels += [problem.pointwise_kernel(dx_config, for_dx=True), problem.pointwise_dw_kernel(dw_config, bias),
                         problem.reduce_kernel(bias)]
         return [k.id for k in kernels]
     if problem.forward_channels_last:
@@ -353,7 +359,7 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     x, weight = x.contiguous(), weight.contiguous()
     y = torch.empty(problem.B, problem.C_OUT, problem.OH, problem.OW, dtype=x.dtype, device=x.device)
     bias_arg = torch.zeros(problem.C_OUT, dtype=x.dtype, device=x.device) if bias else y
-    if problem.depthwise or problem.pointwise:  # one kernel each way, nothing to tune
+    if problem.depthwise:  # one kernel each way, nothing to tune
         _forward(x, weight, bias_arg if bias else None, *problem.geometry_args)
         if backward:
             _dx(y, weight, problem, x.device)
@@ -361,6 +367,22 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
         return
     pick = (lambda found: found) if full else (lambda found: found[:tuning.QUICK_CANDIDATES])
     p = problem
+    row = dw_partial_size(p.C_OUT, p.cin_per_group, p.KH, p.KW, bias)
+    dw = torch.empty_like(weight)
+    dbias = torch.empty(p.C_OUT, dtype=x.dtype, device=x.device) if bias else dw
+    if p.pointwise:
+        sizes = (p.B, p.C_IN, p.C_OUT, p.H * p.W)
+        for config in pick(p.pointwise_candidates()):
+            _launch(p.pointwise_kernel(config), x, weight, bias_arg, y, *sizes)
+        if backward:
+            dx, weight_t = torch.empty_like(x), weight.reshape(p.C_OUT, p.C_IN).t().contiguous()
+            for config in pick(p.pointwise_candidates(for_dx=True)):
+                _launch(p.pointwise_kernel(config, for_dx=True), y, weight_t, dx, dx, p.B, p.C_OUT, p.C_IN, p.H * p.W)
+            for config in pick(p.pointwise_dw_candidates()):
+                partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
+                _launch(p.pointwise_dw_kernel(config, bias), y, x, partial, *sizes, config.split)
+                _launch(p.reduce_kernel(bias), partial, dw, dbias, config.split, weight.numel(), p.C_OUT)
+        return
     x_cl = channels_last(x) if p.channels_last else None
     if p.forward_channels_last:
         w_cl = channels_last(weight)
@@ -381,9 +403,6 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     else:
         for config in pick(p.dx_candidates()):
             _launch(p.dx_kernel(config), y, weight, dx, *p.sizes)
-    row = dw_partial_size(p.C_OUT, p.cin_per_group, p.KH, p.KW, bias)
-    dw = torch.empty_like(weight)
-    dbias = torch.empty(p.C_OUT, dtype=x.dtype, device=x.device) if bias else dw
     for config in pick(p.cl_dw_candidates() if p.channels_last else p.dw_candidates()):
         partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
         if p.channels_last:
@@ -403,8 +422,11 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
         _launch(problem.forward_kernel(problem.depthwise_config()), x, weight, bias_arg, y, *problem.launch_sizes)
         return y
     if problem.pointwise:
-        _launch(problem.pointwise_kernel(), x, weight, bias_arg, y, problem.B, problem.C_IN, problem.C_OUT,
-                problem.H * problem.W)
+        def run_pointwise(config):
+            _launch(problem.pointwise_kernel(config), x, weight, bias_arg, y, problem.B, problem.C_IN, problem.C_OUT,
+                    problem.H * problem.W)
+
+        run_pointwise(tuning.choose("conv2d_pointwise", problem.key, problem.pointwise_candidates(), run_pointwise))
         return y
 
     if problem.forward_channels_last:
@@ -438,8 +460,13 @@ def _dx(grad_y, weight, problem, device, grad_y_cl=None):
         return dx
     if problem.pointwise:
         weight_t = weight.reshape(problem.C_OUT, problem.C_IN).t().contiguous()  # [C_IN, C_OUT]: tiny
-        _launch(problem.pointwise_kernel(for_dx=True), grad_y, weight_t, dx, dx, problem.B, problem.C_OUT,
-                problem.C_IN, problem.H * problem.W)
+
+        def run_pointwise(config):
+            _launch(problem.pointwise_kernel(config, for_dx=True), grad_y, weight_t, dx, dx, problem.B, problem.C_OUT,
+                    problem.C_IN, problem.H * problem.W)
+
+        run_pointwise(tuning.choose("conv2d_pointwise_dx", problem.key, problem.pointwise_candidates(for_dx=True),
+                                    run_pointwise))
         return dx
 
     def run(config):
@@ -465,10 +492,14 @@ def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None):
         _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, n_dw, problem.C_OUT)
 
     if problem.pointwise:
-        kernel, split = problem.pointwise_dw_kernel(with_bias)
-        partial = torch.empty(split, row, dtype=torch.float32, device=x.device)
-        _launch(kernel, grad_y, x, partial, problem.B, problem.C_IN, problem.C_OUT, problem.H * problem.W, split)
-        _launch(reduce, partial, dw, dbias if with_bias else dw, split, n_dw, problem.C_OUT)
+        def run_pointwise(config):
+            partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
+            _launch(problem.pointwise_dw_kernel(config, with_bias), grad_y, x, partial, problem.B, problem.C_IN,
+                    problem.C_OUT, problem.H * problem.W, config.split)
+            _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, n_dw, problem.C_OUT)
+
+        run_pointwise(tuning.choose("conv2d_pointwise_dw", problem.key + (with_bias,), problem.pointwise_dw_candidates(),
+                                    run_pointwise))
     elif problem.channels_last:
         x_cl = channels_last(x)
 
