@@ -1,6 +1,7 @@
 """Batch norm on small spatial sizes: the fused kernels that take several channels per program as one
 [batch, CHANNELS*HW] tile (training forward and backward, frozen-statistics forward and backward),
-against torch.nn.functional.batch_norm in float64, on poisoned outputs."""
+against torch.nn.functional.batch_norm in float64, on poisoned outputs; and every config that tuning
+may pick for them (`grouped_candidates`)."""
 import functools
 import importlib
 
@@ -14,11 +15,12 @@ from nnkernels.ops.batch_norm2d_train import (
     FUSED_TILE,
     BatchNorm2dTrainBackwardFused,
     BatchNorm2dTrainForwardFused,
-    _fused_channels,
+    fused_channels,
     batch_norm_plan,
     group_vector,
 )
-from support import DTYPES, assert_close, dtype_id, poisoned, randn
+from nnkernels import tuning
+from support import DTYPES, INTERPRETED, assert_close, dtype_id, poisoned, randn
 
 bn = importlib.import_module("nnkernels.functional.batch_norm")  # the module; the package re-exports the function
 
@@ -29,7 +31,7 @@ def test_plan_for_b32_c2048_7x7_loads_aligned_rows_of_several_channels():
     """The GPU plan of the benchmark's 7x7 layer: 4 channels (196 contiguous elements per image, 16-byte
     aligned in fp32, 8-byte in bf16) per program, 512 programs of one [32, 256] tile."""
     for element_size, vector in ((4, 4), (2, 4)):
-        channels = _fused_channels(32, 2048, 49, element_size, FUSED_TILE, FUSED_MIN_PROGRAMS)
+        channels = fused_channels(32, 2048, 49, element_size, FUSED_TILE, FUSED_MIN_PROGRAMS)
         assert channels == 4
         assert group_vector(2048, 49, channels, element_size) == vector
     # 7 channels per program would use more lanes (343 of 512) but only 4-byte rows: 4 wins.
@@ -128,3 +130,79 @@ def test_launch_refuses_a_vector_that_does_not_divide_the_rows_and_writes_nothin
         too_many.launch(dy, x, dx, weight, mean, rstd, dweight, dbias, B, C, HW, 5)
     for out in (dx, dweight, dbias):
         assert torch.isnan(out).all()
+
+
+def test_candidates_for_b32_c2048_7x7_are_tiles_of_4k_8k_16k_at_4_and_8_warps():
+    """The heuristic first, then 2, 4, 8 channels per program (rows of 98, 196, 392 elements)."""
+    for element_size in (4, 2):
+        candidates = bn.grouped_candidates(32, 2048, 49, element_size, heuristic_channels=4)
+        assert [(c.block_k, c.num_warps) for c in candidates] == [(4, 8), (2, 4), (8, 8), (4, 4), (2, 8), (8, 4)]
+        assert [(c.block_m, c.block_n) for c in candidates[:3]] == [(32, 256), (32, 128), (32, 512)]
+    for B, C, HW in ((32, 512, 49), (32, 1024, 196), (8, 512, 16), (3, 7, 15)):
+        candidates = bn.grouped_candidates(B, C, HW, 4, heuristic_channels=1)
+        assert 1 <= len(candidates) <= bn.MOST_GROUPED_CANDIDATES == 6
+        assert len(set(candidates)) == len(candidates)
+        assert all(c.block_m >= B and c.block_n >= c.block_k * HW for c in candidates)
+
+
+# (B, C, H, W, tile shapes, min programs): on the CPU, tiles scaled down so that a tiny shape gets 2, 4 and 8
+# channels per program (C = 10: the last program of 4 or 8 holds 2 channels), besides the interpreter's
+# heuristic (all channels in one program); on the GPU the library's own shapes over 36 channels of 7x7.
+CPU_CASE = (3, 10, 2, 3, ((96, 8), (48, 4), (192, 8), (96, 4), (48, 8), (192, 4), (24, 4)), 1)
+GPU_CASE = (32, 36, 7, 7, bn.GROUPED_SHAPES, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_every_candidate_config_is_correct_and_leaves_running_stats_updated_once(dtype, monkeypatch):
+    """tuning.choose forced to pick candidate i of every grouped launch, after running candidate i+1 (as
+    tuning runs several on the same outputs): values and gradients against float64, running statistics
+    updated exactly once, the kernel launched the one candidate i describes, and the tuning key names the
+    shape and dtype."""
+    B, C, H, W, shapes, min_programs = CPU_CASE if INTERPRETED else GPU_CASE
+    HW = H * W
+    monkeypatch.setattr(bn, "grouped_candidates",
+                        functools.partial(bn.grouped_candidates, shapes=shapes, min_programs=min_programs))
+    x = (randn(B, C, H, W) * 2 + 3).to(dtype).requires_grad_()
+    weight, bias = randn(C).requires_grad_(), randn(C).requires_grad_()
+    dy = randn(B, C, H, W, dtype=dtype)
+    stats = randn(C), randn(C).abs() + 0.5
+    references = {}
+    for training in (True, False):
+        leaves64 = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+        stats64 = [t.double() for t in stats]
+        y64 = F.batch_norm(leaves64[0], *stats64, *leaves64[1:], training=training, momentum=0.3)
+        y64.backward(dy.double())
+        references[training] = (y64, *(t.grad for t in leaves64), *stats64)
+    first = bn.grouped_candidates(B, C, HW, dtype.itemsize, bn._plan(x).channels)
+    assert len({c.block_k for c in first}) >= 4, first
+    seen = {}
+    for index in range(len(first)):
+        def pick(kind, key, candidates, run, i=index):
+            assert candidates == first
+            seen[kind] = key
+            run(candidates[(i + 1) % len(candidates)])
+            return candidates[i]
+
+        monkeypatch.setattr(tuning, "choose", pick)
+        for training in (True, False):
+            for t in (x, weight, bias):
+                t.grad = None
+            running_mean, running_var = (t.clone() for t in stats)
+            y = bn.batch_norm(x, running_mean, running_var, weight, bias, training=training, momentum=0.3)
+            y.backward(dy)
+            y64, dx64, dweight64, dbias64, mean64, var64 = references[training]
+            mode = "train" if training else "eval"
+            for name, ours, reference, tol in (
+                    ("y", y, y64, None), ("dx", x.grad, dx64, None), ("dweight", weight.grad, dweight64, STATS_TOL),
+                    ("dbias", bias.grad, dbias64, STATS_TOL), ("running_mean", running_mean, mean64, STATS_TOL),
+                    ("running_var", running_var, var64, STATS_TOL)):
+                try:
+                    assert_close(ours, reference, dtype, tol=tol)
+                except AssertionError as error:
+                    raise AssertionError(f"candidate {index} {first[index]}, {mode} {name}: {error}") from None
+            chosen = first[index]
+            for step in (f"{mode}_forward", f"{mode}_backward"):
+                (launched,) = bn.last_kernels()[step]
+                assert f"__{chosen.block_m}__{chosen.block_n}__" in launched and f"__w{chosen.num_warps}__" in launched
+    steps = ("train_forward", "train_backward", "eval_forward", "eval_backward")
+    assert seen == {f"batch_norm_{step}_grouped": (B, C, HW, str(dtype)) for step in steps}

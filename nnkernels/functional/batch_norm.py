@@ -9,6 +9,11 @@ Custom operators (each with a fake implementation, so `torch.compile(fullgraph=T
   which mutates the running statistics in place. PyTorch accepts autograd formulas only on
   functional operators, so the training forward returns the statistics and this small op applies them.
 `last_kernels()` names the kernel objects the latest calls launched.
+
+Channels that fit one tile take the grouped kernels (several channels per program); their channels per
+program and num_warps are timed on the GPU per shape by `nnkernels.tuning.choose` over
+`grouped_candidates`, and remembered. The grouped kernels are pure (each call rewrites all its outputs),
+so tuning may run them many times; the running-statistics update is a separate op, run once after.
 """
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ import torch
 
 from .. import _mode  # noqa: F401  (first: settles Triton's mode before the kernel modules import triton)
 import triton
+
+from .. import tuning
 
 from ..ops.batch_norm2d_eval import (
     BatchNorm2dEvalBackward,
@@ -37,6 +44,8 @@ from ..ops.batch_norm2d_train import (
     BatchNorm2dTrainNormalize,
     BatchNorm2dUpdateRunningStats,
     batch_norm_plan,
+    fused_channels,
+    grouped_plan,
 )
 
 # The kernel classes this op launches (for `nnkernels list`).
@@ -91,10 +100,60 @@ def _plan(x):
     return batch_norm_plan(B, C, HW, element_size=x.element_size())
 
 
-def _fused(cls, x, plan):
-    """The fused (several channels per program) kernel of class `cls` for `plan`."""
+# Tuning candidates of a grouped launch after the heuristic's plan, most promising first (`choose` times the
+# first three unless NNKERNELS_TUNE=full): (elements per tile, num_warps). Tiles of 4K elements at 4 warps and
+# 8K at 8 hold 32 elements per thread; smaller tiles mean more programs, whose loads, reductions and stores
+# overlap; larger ones load longer rows in wider vectors (more channels per row). The last one only shows
+# where channels per program are few (the list is cut at MOST_GROUPED_CANDIDATES).
+GROUPED_SHAPES = ((8192, 8), (4096, 4), (16384, 8), (8192, 4), (4096, 8), (16384, 4), (2048, 4))
+# Candidates keep at least one program per SM of an H200, and 128 elements per warp (4 per thread).
+GROUPED_MIN_PROGRAMS = 132
+ELEMENTS_PER_WARP = 128
+MOST_GROUPED_CANDIDATES = 6
+
+
+def grouped_candidates(B, C, HW, element_size, heuristic_channels, *, shapes=GROUPED_SHAPES,
+                       min_programs=GROUPED_MIN_PROGRAMS):
+    """Configs a grouped (several channels per program) batch-norm launch is tuned over: first the plan's
+    own guess (`heuristic_channels`, 8 warps), then per (tile, num_warps) of `shapes` the channels per
+    program that `fused_channels` fits in about `tile` elements with at least `min_programs` programs,
+    preferring rows that load 16 bytes at once; num_warps at most one per ELEMENTS_PER_WARP elements of the
+    tile; duplicates dropped, at most MOST_GROUPED_CANDIDATES. On B32 C2048 7x7 (fp32 and bf16): channels
+    / warps 4/8, 2/4, 8/8, 4/4, 2/8, 8/4 (tiles [32, 256], [32, 128], [32, 512]: 512, 1024, 256 programs).
+
+    A `tuning.Config` holds one as: block_m = BLOCK_B (images per tile), block_n = BLOCK_J (columns per
+    tile), block_k = CHANNELS (channels per program), num_warps; num_stages and split unused (no loop).
+    The vector width is not a choice: `grouped_plan` takes the widest one the channels' rows allow."""
+    def config(channels, num_warps):
+        plan = grouped_plan(B, C, HW, channels, element_size)
+        num_warps = max(1, min(num_warps, plan.block_b * plan.block_j // ELEMENTS_PER_WARP))
+        return tuning.Config(plan.block_b, plan.block_j, channels, num_warps)
+
+    configs = [config(heuristic_channels, 8)]
+    configs += [config(fused_channels(B, C, HW, element_size, tile, min_programs, vector_bytes=16), num_warps)
+                for tile, num_warps in shapes]
+    return list(dict.fromkeys(configs))[:MOST_GROUPED_CANDIDATES]
+
+
+@functools.lru_cache(maxsize=None)
+def _grouped_kernel(cls, dtype, plan, num_warps):
     constants = (plan.block_b, plan.block_j, plan.vector)
-    return _kernel(cls, x.dtype, *((plan.block_c,) if "BLOCK_C" in cls.constant_names else ()), *constants)
+    return cls(*((plan.block_c,) if "BLOCK_C" in cls.constant_names else ()), *constants, dtype=dtype,
+               num_warps=num_warps)
+
+
+def _run_grouped(step, cls, x, plan, arguments):
+    """Launch the grouped kernel `cls` for `step` with the config tuning picks for x's shape and dtype;
+    `arguments(channels)` are its launch arguments for `channels` channels per program."""
+    B, C, HW = _dims(x)
+    size = x.element_size()
+
+    def run(config):
+        kernel = _grouped_kernel(cls, x.dtype, grouped_plan(B, C, HW, config.block_k, size), config.num_warps)
+        _run(step, [(kernel, arguments(config.block_k))])
+
+    candidates = grouped_candidates(B, C, HW, size, plan.channels)
+    run(tuning.choose(f"batch_norm_{step}_grouped", (B, C, HW, str(x.dtype)), candidates, run))
 
 
 def _stats(x, n):
@@ -113,8 +172,8 @@ def batch_norm_train_op(
     mean, rstd, var_unbiased, _ = _stats(x, C)
     plan = _plan(x)
     if plan.fused:
-        fused = _fused(BatchNorm2dTrainForwardFused, x, plan)
-        _run("train_forward", [(fused, (x, y, weight, bias, mean, rstd, var_unbiased, B, C, HW, plan.channels, eps))])
+        _run_grouped("train_forward", BatchNorm2dTrainForwardFused, x, plan,
+                     lambda channels: (x, y, weight, bias, mean, rstd, var_unbiased, B, C, HW, channels, eps))
         return y, mean, rstd, var_unbiased
     count, partial_mean, partial_m2 = (torch.empty(C * plan.num_chunks, device=x.device, dtype=F32) for _ in range(3))
     stats = _kernel(BatchNorm2dPartialStats, x.dtype, plan.block_b, plan.block_hw)
@@ -145,8 +204,8 @@ def batch_norm_train_backward_op(
     dweight, dbias = _stats(x, C)[:2]
     plan = _plan(x)
     if plan.fused:
-        fused = _fused(BatchNorm2dTrainBackwardFused, x, plan)
-        _run("train_backward", [(fused, (dy, x, dx, weight, mean, rstd, dweight, dbias, B, C, HW, plan.channels))])
+        _run_grouped("train_backward", BatchNorm2dTrainBackwardFused, x, plan,
+                     lambda channels: (dy, x, dx, weight, mean, rstd, dweight, dbias, B, C, HW, channels))
         return dx, dweight, dbias
     sum_dy, sum_dy_xmu = (torch.empty(C * plan.num_chunks, device=x.device, dtype=F32) for _ in range(2))
     sums = _kernel(BatchNorm2dPartialGradSums, x.dtype, plan.block_b, plan.block_hw)
@@ -199,9 +258,8 @@ def batch_norm_eval_op(
     y = torch.empty_like(x)
     plan = _plan(x)
     if plan.fused:
-        forward = _fused(BatchNorm2dEvalForwardGrouped, x, plan)
-        _run("eval_forward", [(forward, (x, y, weight, bias, running_mean, running_var, B, C, HW, plan.channels,
-                                         eps))])
+        _run_grouped("eval_forward", BatchNorm2dEvalForwardGrouped, x, plan,
+                     lambda channels: (x, y, weight, bias, running_mean, running_var, B, C, HW, channels, eps))
         return y
     forward = _kernel(BatchNorm2dEvalForward, x.dtype, plan.block_b, plan.block_hw)
     _run("eval_forward", [(forward, (x, y, weight, bias, running_mean, running_var, B, C, HW,
@@ -227,9 +285,9 @@ def batch_norm_eval_backward_op(
     dweight, dbias = _stats(x, C)[:2]
     plan = _plan(x)
     if plan.fused:
-        backward = _fused(BatchNorm2dEvalBackwardGrouped, x, plan)
-        _run("eval_backward", [(backward, (dy, x, dx, weight, running_mean, running_var, dweight, dbias,
-                                           B, C, HW, plan.channels, eps))])
+        _run_grouped("eval_backward", BatchNorm2dEvalBackwardGrouped, x, plan,
+                     lambda channels: (dy, x, dx, weight, running_mean, running_var, dweight, dbias, B, C, HW,
+                                       channels, eps))
         return dx, dweight, dbias
     backward = _kernel(BatchNorm2dEvalBackward, x.dtype, plan.block_b, plan.block_hw)
     common = (B, C, HW, plan.tiles_per_chunk, eps)

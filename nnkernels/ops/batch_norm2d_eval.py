@@ -2,7 +2,8 @@
 every shape fills the GPU: `BatchNorm2dEvalForward`, `BatchNorm2dEvalBackward`,
 `BatchNorm2dSumPartials`. Tiles and chunks as in `batch_norm2d_train`; statistics in fp32. Channels
 that fit one tile take `BatchNorm2dEvalForwardGrouped` and `BatchNorm2dEvalBackwardGrouped`: several
-channels per program, laid out as the training kernels' fused tiles.
+channels per program, laid out as the training kernels' fused tiles (`grouped_plan`; the functional op
+tunes the channels per program and num_warps).
 
 rstd[c] = 1 / sqrt(running_var[c] + eps); y = (x - running_mean) * weight * rstd + bias;
 dx = weight * rstd * dy; dweight = sum(dy * (x - running_mean) * rstd); dbias = sum(dy).

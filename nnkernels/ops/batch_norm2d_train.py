@@ -9,7 +9,8 @@ A channel that fits one tile takes the fused kernels (one pass): program p owns 
 channels c0 = p*CHANNELS.., whose HW positions are, in every image b, one contiguous run of
 CHANNELS*HW elements; the tile is [BLOCK_B images, BLOCK_J >= CHANNELS*HW columns] with column
 j = (c - c0)*HW + hw, so short spatial rows (7x7) still load long contiguous, aligned rows.
-Per-channel sums are segmented sums over the columns (`channel_sums`), exact in fp32.
+Per-channel sums are segmented sums over the columns (`channel_sums`), exact in fp32. CHANNELS (a launch
+argument) and the tile follow from `grouped_plan`; nnkernels.functional.batch_norm tunes them and num_warps.
 
 Forward:  mean, var = batch mean and biased variance; rstd = 1 / sqrt(var + eps);
           y = weight * (x - mean) * rstd + bias; also saved: mean, rstd, var * M/(M-1), M = B*HW.
@@ -61,17 +62,25 @@ def group_vector(C, HW, channels, element_size):
     return min(run & -run, max(1, 16 // element_size))
 
 
-def _fused_channels(B, C, HW, element_size, tile, min_programs):
-    """Channels per fused program: the most lanes used, in the widest aligned vectors (up to 8 bytes
+def fused_channels(B, C, HW, element_size, tile, min_programs, vector_bytes=8):
+    """Channels per fused program: the most lanes used, in the widest aligned vectors (up to `vector_bytes`
     count fully), ties to more channels; within `tile` elements and `min_programs` programs."""
     block_b = triton.next_power_of_2(B)
     most = max(1, min(C, tile // (block_b * HW), C // min_programs))
 
     def merit(k):
         used = k * HW / triton.next_power_of_2(k * HW)
-        return used * min(group_vector(C, HW, k, element_size) * element_size, 8) / 8, k
+        return used * min(group_vector(C, HW, k, element_size) * element_size, vector_bytes) / vector_bytes, k
 
     return max(range(1, most + 1), key=merit)
+
+
+def grouped_plan(B, C, HW, channels, element_size):
+    """The fused plan with `channels` channels per program: a [next_pow2(B), next_pow2(channels*HW)] tile,
+    BLOCK_C = next_pow2(channels) and the widest vector that divides its rows (`group_vector`)."""
+    return BatchNormPlan(channels, triton.next_power_of_2(channels), triton.next_power_of_2(B), 0,
+                         triton.next_power_of_2(channels * HW), group_vector(C, HW, channels, element_size),
+                         1, 1, 1, True)
 
 
 def batch_norm_plan(B, C, HW, *, element_size=4, tile=None, programs=None, fused_limit=None, channels=None):
@@ -83,11 +92,10 @@ def batch_norm_plan(B, C, HW, *, element_size=4, tile=None, programs=None, fused
     if block_b * triton.next_power_of_2(HW) <= (fused_limit if fused_limit is not None else
                                                  CPU_TILE if INTERPRETED else FUSED_LIMIT):
         # On the CPU as many channels as one tile holds; on the GPU a few, so that programs fill it.
+        # (A first guess: nnkernels.functional.batch_norm times alternatives on the GPU.)
         channels = channels or (max(1, min(C, CPU_TILE // (block_b * HW))) if INTERPRETED else
-                                _fused_channels(B, C, HW, element_size, FUSED_TILE, FUSED_MIN_PROGRAMS))
-        return BatchNormPlan(channels, triton.next_power_of_2(channels), block_b, 0,
-                             triton.next_power_of_2(channels * HW), group_vector(C, HW, channels, element_size),
-                             1, 1, 1, True)
+                                fused_channels(B, C, HW, element_size, FUSED_TILE, FUSED_MIN_PROGRAMS))
+        return grouped_plan(B, C, HW, channels, element_size)
     block_hw = _block_hw(HW, tile)
     block_b = max(1, min(tile // block_hw, block_b))
     num_tiles = triton.cdiv(B, block_b) * triton.cdiv(HW, block_hw)
@@ -481,7 +489,8 @@ BatchNorm2dPartialStats = kernel_object(
 BatchNorm2dTrainNormalize = kernel_object(
     batch_norm2d_train_normalize, entry=normalize_entry, example=(8, 256, 64), floats=("eps",),
     pointer_dtypes=_STATS)
-# Fused kernels: 8 warps hold a FUSED_TILE-element tile at 32 elements per thread.
+# Fused kernels: by default 8 warps hold a FUSED_TILE-element tile at 32 elements per thread; the functional
+# op launches them with the channels per program and num_warps that tuning picks.
 FUSED_HELPERS = (channel_group_tile, channel_sums, per_column)
 BatchNorm2dTrainForwardFused = kernel_object(
     batch_norm2d_train_forward_fused, entry=fused_entry, example=(4, 32, 256, 4), floats=("eps",),
