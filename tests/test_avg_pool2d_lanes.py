@@ -1,5 +1,6 @@
 """The lanes avg-pool kernels (vector row loads, lanes split in registers) against
 torch.nn.functional.avg_pool2d in float64, and the launcher's choice between them and the gather kernels."""
+import functools
 import importlib
 from types import SimpleNamespace
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nnkernels.ops.avg_pool2d_gather import row_align, uniform_divisor
+from nnkernels import tuning
+from nnkernels.ops.avg_pool2d_gather import lanes_candidates, row_align, uniform_divisor
 from nnkernels.ops.avg_pool2d_lanes import (
     AvgPool2dLanesBackward,
     AvgPool2dLanesForward,
@@ -91,8 +93,8 @@ def test_bad_launch_raises_and_writes_nothing():
     args = (x, y, 2, 8, 8, 8, 8)
     AvgPool2dLanesForward(3, 3, 1, 1, 1, 1, True, 0, True, 4, 4, 16, 2).launch(*args)  # the valid launch
     y.fill_(float("nan"))
-    with pytest.raises(ValueError, match="lanes"):
-        AvgPool2dLanesForward(3, 3, 1, 1, 1, 1, True, 0, True, 2, 2, 16, 4).launch(*args)
+    with pytest.raises(ValueError, match="lanes"):  # 16 source lanes: wider than the kernel splits
+        AvgPool2dLanesForward(3, 3, 1, 1, 1, 1, True, 0, True, 16, 8, 16, 1).launch(*args)
     with pytest.raises(ValueError, match="row_align"):
         AvgPool2dLanesForward(3, 3, 1, 1, 1, 1, True, 0, True, 4, 2, 16, 2).launch(*args)
     with pytest.raises(ValueError, match="uniform"):
@@ -126,3 +128,42 @@ def test_launcher_picks_lanes_where_they_apply_and_gather_elsewhere(dtype):
         kernels = pool.last_kernels()
         assert kernels["forward"].startswith(f"avg_pool2d_{forward}_forward")
         assert kernels["backward"].startswith(f"avg_pool2d_{backward}_backward")
+
+
+# (shape, kernel, stride, padding, divisor_override): the suite's three windows at small sizes (odd
+# OW for k3 s2), several programs per launch with the GPU's program sizes.
+TUNED_CASES = [((2, 3, 12, 32), 3, 1, 1, None), ((1, 3, 28, 28), 3, 2, 0, None), ((2, 3, 12, 32), 2, 2, 0, 3)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", TUNED_CASES, ids=["k3s1p1", "k3s2", "k2s2-override"])
+def test_every_tuning_candidate_is_correct(case, dtype, monkeypatch):
+    """Tuning picks among the GPU's candidate configs by timing, so every one must be right:
+    `tuning.choose` is forced to return candidate i of the GPU's list (program sizes, warps, and
+    the other lane width), forward and backward against float64."""
+    shape, kernel, stride, padding, divisor = case
+    monkeypatch.setattr(pool, "lanes_candidates", functools.partial(lanes_candidates, gpu=True))
+    x = randn(*shape, dtype=dtype).requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    ref = F.avg_pool2d(x64, kernel, stride, padding, divisor_override=divisor)
+    dy = randn(*ref.shape, dtype=dtype)
+    ref.backward(dy.double())
+    offered = {}
+    for index in range(6):
+        def pick(kind, key, candidates, run, i=index):
+            offered[kind] = candidates
+            return candidates[min(i, len(candidates) - 1)]
+
+        monkeypatch.setattr(tuning, "choose", pick)
+        x.grad = None
+        y = pool.avg_pool2d(x, kernel, stride, padding, divisor_override=divisor)
+        y.backward(dy)
+        for name, ours, expected in (("y", y, ref), ("dx", x.grad, x64.grad)):
+            try:
+                assert_close(ours, expected, dtype)
+            except AssertionError as error:
+                raise AssertionError(f"candidate {index}, {name}: {error}") from None
+    assert set(offered) == {"avg_pool2d_lanes_forward", "avg_pool2d_lanes_backward"}
+    for kind, candidates in offered.items():
+        assert len(candidates) >= 3, (kind, candidates)  # tiny shapes: bigger programs clamp to the same tile
+        assert len({c.block_k for c in candidates}) == 2, f"{kind}: expected two lane widths, got {candidates}"

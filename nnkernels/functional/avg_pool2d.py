@@ -1,4 +1,8 @@
-"""`avg_pool2d`: `torch.nn.functional.avg_pool2d` on nnkernels' gather kernels, with autograd.
+"""`avg_pool2d`: `torch.nn.functional.avg_pool2d` on nnkernels' lanes and gather kernels, with autograd.
+
+The lanes kernels' program size, warp count and group width are chosen per shape by
+`nnkernels.tuning.choose` (timed once per shape and GPU, remembered on disk; the first guess in the
+interpreter, with NNKERNELS_TUNE=off, or while a CUDA graph is being captured).
 
 Registered as the custom operators `nnkernels::avg_pool2d` and `nnkernels::avg_pool2d_backward`
 (each with a fake implementation), so `torch.compile(fullgraph=True)` traces through it.
@@ -13,18 +17,27 @@ from types import SimpleNamespace
 import torch
 
 from .. import _mode  # noqa: F401  (first: settles Triton's mode before the kernel modules import triton)
+from .. import tuning
 
 from ..ops.avg_pool2d_gather import (
     AvgPool2dGatherBackward,
     AvgPool2dGatherForward,
     contiguous_row_align,
-    lanes_config,
+    lanes_candidates,
     pooled_size,
     pooling_config,
     row_align,
     uniform_divisor,
 )
-from ..ops.avg_pool2d_lanes import AvgPool2dLanesBackward, AvgPool2dLanesForward, backward_lanes, forward_lanes
+from ..ops.avg_pool2d_lanes import (
+    AvgPool2dLanesBackward,
+    AvgPool2dLanesForward,
+    backward_lane_widths,
+    backward_lanes,
+    backward_src_vec,
+    forward_lane_widths,
+    forward_lanes,
+)
 
 # The kernel classes this op launches (for `nnkernels list`).
 KERNEL_CLASSES = (AvgPool2dLanesForward, AvgPool2dLanesBackward, AvgPool2dGatherForward, AvgPool2dGatherBackward)
@@ -83,9 +96,10 @@ def _kernel(cls, dtype, *constants, num_warps):
     return cls(*constants, dtype=dtype, num_warps=num_warps)
 
 
-def _pick(direction, dtype, planes, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor):
-    """The kernel object for one pass: the lanes kernel (vector row loads) where its contract holds,
-    else the gather kernel, which takes every case."""
+def _choices(direction, dtype, planes, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor):
+    """(kind, candidates, make) for one pass: `make(config)` is the kernel object of `candidates[i]`.
+    The lanes kernel (vector row loads) where its contract holds, with `lanes_candidates` to tune
+    among; else the one gather kernel, which takes every case (a single candidate: never timed)."""
     # The window options under the attribute names `uniform_divisor` and the lane rules read.
     options = SimpleNamespace(kh=kernel[0], kw=kernel[1], stride_h=stride[0], stride_w=stride[1], pad_h=padding[0],
                               pad_w=padding[1], count_include_pad=count_include_pad, divisor_override=divisor)
@@ -94,32 +108,47 @@ def _pick(direction, dtype, planes, H, W, OH, OW, kernel, stride, padding, count
     common = (*kernel, *stride, *padding, count_include_pad, divisor, uniform)
     if direction == "backward":
         rows, cols = planes * H, W
-        lanes, src_vec = backward_lanes(options, W, OW, itemsize, uniform)
+        lanes = backward_lanes(options, W, OW, itemsize, uniform)[0]
         if lanes:
-            block_r, block_g, num_warps = lanes_config(rows, -(-cols // lanes), lanes)
-            return _kernel(AvgPool2dLanesBackward, dtype, *common, lanes, src_vec, min(row_align(cols), lanes), block_r,
-                           block_g, num_warps=num_warps)
+            def make(c):
+                return _kernel(AvgPool2dLanesBackward, dtype, *common, c.block_k, backward_src_vec(options, OW, c.block_k),
+                               min(row_align(cols), c.block_k), c.block_m, c.block_n, num_warps=c.num_warps)
+            widths = backward_lane_widths(options, W, uniform)
+            return "avg_pool2d_lanes_backward", lanes_candidates(rows, cols, widths, lanes, itemsize), make
         # Each dx gathers from the windows that may cover it: cdiv(k, stride) per axis.
         taps = -(-kernel[0] // stride[0]) * -(-kernel[1] // stride[1])
         block_r, block_w, num_warps = pooling_config(rows, cols, taps)
-        return _kernel(AvgPool2dGatherBackward, dtype, *common, row_align(cols), block_r, block_w,
-                       num_warps=num_warps)
+        gather = _kernel(AvgPool2dGatherBackward, dtype, *common, row_align(cols), block_r, block_w,
+                         num_warps=num_warps)
+        return "avg_pool2d_gather_backward", [None], lambda c: gather
     rows, cols = planes * OH, OW
     lanes = forward_lanes(options, W, itemsize)
     if lanes:
-        block_r, block_g, num_warps = lanes_config(rows, -(-cols // lanes), lanes)
-        return _kernel(AvgPool2dLanesForward, dtype, *common, lanes, min(row_align(cols), lanes), block_r, block_g,
-                       num_warps=num_warps)
+        def make(c):
+            return _kernel(AvgPool2dLanesForward, dtype, *common, c.block_k, min(row_align(cols), c.block_k),
+                           c.block_m, c.block_n, num_warps=c.num_warps)
+        return "avg_pool2d_lanes_forward", lanes_candidates(rows, cols, forward_lane_widths(options, W), lanes,
+                                                            itemsize), make
     block_r, block_w, num_warps = pooling_config(rows, cols, kernel[0] * kernel[1])
-    return _kernel(AvgPool2dGatherForward, dtype, *common, row_align(cols), contiguous_row_align(options, W, OW),
-                   block_r, block_w, num_warps=num_warps)
+    gather = _kernel(AvgPool2dGatherForward, dtype, *common, row_align(cols), contiguous_row_align(options, W, OW),
+                     block_r, block_w, num_warps=num_warps)
+    return "avg_pool2d_gather_forward", [None], lambda c: gather
 
 
 def _launch(direction, source, out, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor):
-    """Launch the forward (source = x, out = y) or the backward (source = dy, out = dx)."""
+    """Launch the forward (source = x, out = y) or the backward (source = dy, out = dx), with the
+    config `tuning.choose` picks (timed once per shape on the GPU; every config writes all of `out`)."""
     planes = out.shape[0] * out.shape[1]
-    k = _pick(direction, out.dtype, planes, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor)
-    k.launch(source, out, planes, H, W, OH, OW)
+    shape = (planes, H, W, OH, OW, tuple(kernel), tuple(stride), tuple(padding), count_include_pad, divisor)
+    kind, candidates, make = _choices(direction, out.dtype, *shape)
+    key = (str(out.dtype).replace("torch.", ""), *shape)
+
+    def run(config):
+        k = make(config)
+        k.launch(source, out, planes, H, W, OH, OW)
+        return k
+
+    k = run(tuning.choose(kind, key, candidates, run))
     _last_kernels[direction] = k.id
     log.debug("avg_pool2d %s: %s", direction, k.id)
 

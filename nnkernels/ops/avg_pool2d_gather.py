@@ -242,12 +242,51 @@ def pooling_config(rows, cols, taps):
     return (*pooling_blocks(rows, cols, tile=tile), num_warps)
 
 
-def lanes_config(rows, groups, lanes):
-    """(BLOCK_R, BLOCK_G, num_warps) for the lanes kernels (avg_pool2d_lanes): `groups` groups of
-    `lanes` written elements per row. About 16 written elements per thread over 4 warps on the GPU
-    (a guess from the gather kernels' sweep, not measured for these kernels); on the CPU, few
-    programs as large as the problem."""
-    tile = 2**16 if INTERPRETED else 2048
+def lanes_tile(rows, groups, lanes, tile):
+    """(BLOCK_R, BLOCK_G) of a lanes-kernel program that writes about `tile` elements: up to 512
+    columns of `groups` groups of `lanes` per row, then as many rows as fill the tile."""
     block_g = min(triton.next_power_of_2(groups), max(1, 512 // lanes))
     block_r = max(1, min(tile // (block_g * lanes), triton.next_power_of_2(rows)))
-    return block_r, block_g, 4
+    return block_r, block_g
+
+
+# (elements written per program, num_warps) of the lanes kernels' candidates per element size, the
+# first guess first. Measured on the H200 (.scratch/pool/compare.py, before tuning): 2048/w4 the
+# fastest or within 1% on every suite row of both dtypes; 4096/w8 3-20% slower in fp32, within 4% in
+# bf16. The rest are untried guesses: bigger programs in bytes for bf16 (4096 bf16 = 8 KB = 2048
+# fp32), smaller ones for fp32. `NNKERNELS_TUNE=quick` times the first three.
+LANES_PROGRAMS = {
+    4: ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (1024, 4)),
+    2: ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 4)),
+}
+
+
+def lanes_candidates(rows, written, widths, first_lanes, itemsize, *, gpu=not INTERPRETED):
+    """`tuning.Config`s for a lanes-kernel launch over `rows` written rows of `written` elements,
+    the first guess first, at most 6. Fields: block_m = BLOCK_R (rows per program), block_n =
+    BLOCK_G (groups per row), block_k = LANES (the group width), num_warps.
+
+    `widths`: the LANES the kernel takes for this shape (`forward_lane_widths` or
+    `backward_lane_widths`); `first_lanes` the first guess among them (a 16-byte group). On the
+    GPU: the program sizes of LANES_PROGRAMS with `first_lanes`, then the first size with the next
+    wider width (two vectors per group: fewer neighbour-group loads) or, when there is none, the
+    next narrower. That one comes last (timed with NNKERNELS_TUNE=full only): in the sm_90 PTX
+    the wider groups of fp32 go through shared memory to split and join their lanes (k3 s1 p1: 82
+    shared accesses and 43 barriers per thread, none with 16-byte groups), and narrower bf16 groups
+    take 8-byte loads and 36% more instructions per output. In the interpreter (gpu=False) one
+    config: programs as large as the problem, since it pays per program."""
+    from ..tuning import Config  # here, not at the top: tuning imports the ops package, which imports this module
+
+    def config(lanes, tile, num_warps):
+        return Config(*lanes_tile(rows, triton.cdiv(written, lanes), lanes, tile), lanes, num_warps, 1)
+
+    if not gpu:
+        return [config(first_lanes, 2**16, 4)]
+    programs = LANES_PROGRAMS[4 if itemsize >= 4 else 2]
+    configs = [config(first_lanes, tile, warps) for tile, warps in programs]
+    wider = [lanes for lanes in widths if lanes > first_lanes]
+    narrower = [lanes for lanes in widths if lanes < first_lanes]
+    other = wider[-1] if wider else narrower[0] if narrower else None
+    if other is not None:
+        configs.append(config(other, *programs[0]))
+    return list(dict.fromkeys(configs))

@@ -20,6 +20,8 @@ Source rows are vector-loaded when their length is a multiple of SRC (SRC_VEC); 
 of odd length) each source lane is its own scalar load, still one load per source element per row.
 The forward takes every option of `avg_pool2d_gather`'s forward; the backward only divisors that
 are the same for every window (UNIFORM or DIVISOR_OVERRIDE), as it sums dy before dividing.
+`forward_lane_widths` / `backward_lane_widths` list every LANES a shape allows; `forward_lanes` /
+`backward_lanes` give the first guess (a 16-byte group), and the launcher tunes among the rest.
 """
 import triton
 import triton.language as tl
@@ -29,33 +31,69 @@ from .avg_pool2d_gather import pooled_size, row_align, uniform_divisor
 from .checks import check_grid, check_numel
 
 
+# The widest group `_split_lanes` / `_join_lanes` handle, in lanes and in source elements.
+MOST_LANES = 8
+
+
+def forward_lane_widths(k, W):
+    """Every LANES the forward kernel takes for rows of W elements, widest first: source groups of
+    SRC = LANES*stride_w elements (a power of two, 2 <= SRC <= MOST_LANES) dividing W, so each group
+    is aligned vector loads, with every window within one group of its own (padding and overhang
+    at most a group)."""
+    widths = []
+    for lanes in (8, 4, 2, 1):
+        src = lanes * k.stride_w
+        if 2 <= src <= MOST_LANES and not src & (src - 1) and W % src == 0:
+            if k.pad_w <= src and k.kw - k.stride_w - k.pad_w <= src:
+                widths.append(lanes)
+    return widths
+
+
 def forward_lanes(k, W, itemsize):
-    """LANES of the forward for rows of W elements, or 0 when it does not apply: source groups of
-    LANES*stride_w elements, one vector (<= 16 bytes) dividing W, with every window within one group
-    of its own (padding and overhang at most a group)."""
+    """The forward's first-guess LANES, or 0 when the lanes kernel does not apply: the widest group
+    whose source group is one vector of at most 16 bytes (`forward_lane_widths` may hold wider
+    groups of two vectors, and narrower ones, for tuning to try)."""
     for lanes in (8, 4, 2, 1):
         src = lanes * k.stride_w
         if src * itemsize <= 16 and src >= 2 and not src & (src - 1) and W % src == 0:
-            if k.pad_w <= src and k.kw - k.stride_w - k.pad_w <= src:
-                return lanes
-            return 0
+            return lanes if lanes in forward_lane_widths(k, W) else 0
     return 0
 
 
-def backward_lanes(k, W, OW, itemsize, uniform):
-    """(LANES, SRC_VEC) of the backward, or (0, False) when it does not apply (a divisor that varies
-    per window, or windows reaching past the neighbouring groups)."""
-    if not (uniform or k.divisor_override):
-        return 0, False
-    lanes = min(row_align(W), 16 // itemsize, 8)
-    if lanes < 2 or lanes % k.stride_w:
-        return 0, False
+def _backward_reach_ok(k, lanes):
+    """The dy lanes a dx group of `lanes` takes lie within its own and the neighbouring groups."""
     src = lanes // k.stride_w
     first = -((k.kw - 1 - k.pad_w) // k.stride_w)  # the leftmost dy lane lane 0 takes
     last = (lanes - 1 + k.pad_w) // k.stride_w  # the rightmost dy lane lane LANES-1 takes
-    if first < -src or last >= 2 * src:
+    return src >= 1 and first >= -src and last < 2 * src
+
+
+def backward_lane_widths(k, W, uniform):
+    """Every LANES the backward kernel takes, widest first: a power of two 2..MOST_LANES dividing
+    W (so dx rows store whole groups), a multiple of stride_w, windows within a group's reach; only
+    for one divisor for every window (UNIFORM or divisor_override)."""
+    if not (uniform or k.divisor_override):
+        return []
+    return [lanes for lanes in (8, 4, 2) if lanes <= row_align(W) and lanes % k.stride_w == 0
+            and _backward_reach_ok(k, lanes)]
+
+
+def backward_src_vec(k, OW, lanes):
+    """SRC_VEC of a backward group of `lanes`: dy rows vector-load when SRC = lanes // stride_w >= 2 divides OW."""
+    src = lanes // k.stride_w
+    return OW % src == 0 and src >= 2
+
+
+def backward_lanes(k, W, OW, itemsize, uniform):
+    """(LANES, SRC_VEC) of the backward's first guess, or (0, False) when it does not apply (a
+    divisor that varies per window, or windows reaching past the neighbouring groups): the widest
+    dx group of at most 16 bytes."""
+    if not (uniform or k.divisor_override):
         return 0, False
-    return lanes, OW % src == 0 and src >= 2
+    lanes = min(row_align(W), 16 // itemsize, MOST_LANES)
+    if lanes < 2 or lanes % k.stride_w or not _backward_reach_ok(k, lanes):
+        return 0, False
+    return lanes, backward_src_vec(k, OW, lanes)
 
 
 def avg_pool2d_lanes_entry(k, a):
@@ -72,14 +110,14 @@ def avg_pool2d_lanes_entry(k, a):
     uniform = uniform_divisor(k, a.H, a.W, a.OH, a.OW)
     if k.uniform != uniform:
         raise ValueError(f"uniform: expected {uniform} for these sizes and options, got {k.uniform}")
-    itemsize = (a.dx if backward else a.x).element_size()
     if backward:
-        expected = backward_lanes(k, a.W, a.OW, itemsize, uniform)
-        if (k.lanes, k.src_vec) != expected:
-            raise ValueError(f"lanes, src_vec: expected {expected} for these sizes and options, "
+        widths = backward_lane_widths(k, a.W, uniform)
+        if k.lanes not in widths or k.src_vec != backward_src_vec(k, a.OW, k.lanes):
+            expected = [(lanes, backward_src_vec(k, a.OW, lanes)) for lanes in widths]
+            raise ValueError(f"lanes, src_vec: expected one of {expected} for these sizes and options, "
                              f"got {(k.lanes, k.src_vec)}")
-    elif k.lanes != forward_lanes(k, a.W, itemsize) or k.lanes == 0:
-        raise ValueError(f"lanes: expected {forward_lanes(k, a.W, itemsize)} (nonzero) for these sizes and options, "
+    elif k.lanes not in forward_lane_widths(k, a.W):
+        raise ValueError(f"lanes: expected one of {forward_lane_widths(k, a.W)} for these sizes and options, "
                          f"got {k.lanes}")
     written = a.W if backward else a.OW
     if k.row_align != min(row_align(written), k.lanes):
@@ -146,7 +184,8 @@ def _row_lanes(src_row, row_ok, first_group, n_cols, SRC: tl.constexpr, VEC: tl.
                BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr):
     """Lanes (fp32, 0 outside the row) of groups first_group + [0, BLOCK_G) of the source rows
     src_row [BLOCK_R] (pointers to each row's column 0; row_ok masks whole rows), groups of SRC.
-    VEC: one aligned vector load per group (n_cols % SRC == 0); else one scalar load per lane."""
+    VEC: aligned vector loads per group (n_cols % SRC == 0; two when SRC elements exceed 16 bytes); else one
+    scalar load per lane."""
     if VEC:
         cols = first_group * SRC + tl.arange(0, BLOCK_G * SRC)
         group = first_group + tl.arange(0, BLOCK_G * SRC) // SRC
@@ -207,7 +246,7 @@ def avg_pool2d_lanes_forward(
         y[ow] = (1 / divisor(oh, ow)) * sum over kw < KW of V[ow*STRIDE_W - PAD_W + kw]
     with group g of y (ow = g*LANES + j) from x columns g*SRC + d, SRC = LANES*STRIDE_W,
     d = j*STRIDE_W - PAD_W + kw in [-SRC, 2*SRC). Divisor as in avg_pool2d_gather. Sums in fp32;
-    every y is written. Contract (the launcher's `forward_lanes`): W % SRC == 0, SRC elements <= 16 bytes.
+    every y is written. Contract (`forward_lane_widths`): SRC a power of two <= 8 dividing W.
     """
     SRC: tl.constexpr = LANES * STRIDE_W
     pid = tl.program_id(0)
@@ -242,10 +281,12 @@ def avg_pool2d_lanes_forward(
         out = out + (s,)
     acc = _join_lanes(out, BLOCK_R, BLOCK_G, LANES)
     ow = first_group * LANES + tl.arange(0, BLOCK_G * LANES)
+    # A constant divisor is a multiply by its reciprocal (div.full.f32 costs several instructions
+    # per output); the result is within an ulp of the quotient.
     if DIVISOR_OVERRIDE > 0:
-        acc = acc / DIVISOR_OVERRIDE
+        acc = acc * (1.0 / DIVISOR_OVERRIDE)
     elif UNIFORM:
-        acc = acc / (KH * KW)
+        acc = acc * (1.0 / (KH * KW))
     else:
         acc = acc / _window_divisor(h0, ow * STRIDE_W - PAD_W, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD)
     y_row = y + tl.multiple_of(rows.to(tl.int64) * OW, ROW_ALIGN)
@@ -307,9 +348,9 @@ def avg_pool2d_lanes_backward(
         out = out + (s,)
     acc = _join_lanes(out, BLOCK_R, BLOCK_G, LANES)
     if DIVISOR_OVERRIDE > 0:
-        acc = acc / DIVISOR_OVERRIDE
+        acc = acc * (1.0 / DIVISOR_OVERRIDE)
     else:
-        acc = acc / (KH * KW)
+        acc = acc * (1.0 / (KH * KW))
     iw = first_group * LANES + tl.arange(0, BLOCK_G * LANES)
     dx_row = dx + tl.multiple_of(rows.to(tl.int64) * W, ROW_ALIGN)
     col_in = (iw // ROW_ALIGN) < (W // ROW_ALIGN)
