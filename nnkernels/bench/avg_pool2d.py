@@ -1,8 +1,10 @@
-"""Benchmark: nnkernels' gather avg-pool vs PyTorch (and the seed kernels where they apply).
+"""Benchmark: nnkernels' avg-pool vs PyTorch (and the seed kernels where they apply). The op runs
+the lanes kernels where they apply and the gather kernels otherwise, each with the config tuning
+picks per shape (the tuner logs every candidate's time at DEBUG level on the "nnkernels" logger).
 
 Bytes the pass must move: forward reads x and writes y, backward reads dy and writes dx, so
 both move (numel(x) + numel(y)) * element size. The floor is that over the 4.27 TB/s copy ceiling.
-Run: python3 -m nnkernels.bench.avg_pool2d --out DIR [--quick] [--sweep]
+Run: python3 -m nnkernels.bench.avg_pool2d --out DIR [--quick]
 """
 from __future__ import annotations
 
@@ -10,14 +12,12 @@ import argparse
 import functools
 import importlib
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 from . import harness
 from ..ops.avg_pool2d import Avgpool2dBackward, Avgpool2dForward
-from ..ops.avg_pool2d_gather import contiguous_row_align, pooling_blocks, row_align
 
 # The module (the package re-exports the function under the same name).
 pool = importlib.import_module("nnkernels.functional.avg_pool2d")
@@ -80,39 +80,13 @@ def run(quick: bool = False) -> list[harness.Row]:
     return rows
 
 
-def sweep() -> str:
-    """bf16 times of the gather kernels per tile size and warp count (the defaults: `pooling_config`)."""
-    harness.require_gpu()
-    lines = ["avg_pool2d sweep (bf16): ms per (tile elements, num_warps)"]
-    for case, shape, k, s, p in SUITE:
-        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-        y = pool.avg_pool2d(x, k, s, p)
-        B, C, H, W = shape
-        OH, OW = y.shape[2:]
-        for cls, source, out, rows, cols in ((pool.AvgPool2dGatherForward, x, y, B * C * OH, OW),
-                                             (pool.AvgPool2dGatherBackward, y, x, B * C * H, W)):
-            timings = []
-            for tile, warps in ((4096, 4), (2048, 8), (4096, 8)):
-                options = SimpleNamespace(kw=k, stride_w=s, pad_w=p)
-                x_align = () if cls is pool.AvgPool2dGatherBackward else (contiguous_row_align(options, W, OW),)
-                kernel = cls(k, k, s, s, p, p, True, 0, True, row_align(cols), *x_align,
-                             *pooling_blocks(rows, cols, tile=tile), dtype=x.dtype, num_warps=warps)
-                ms = harness.time_ms(lambda: kernel.launch(source, out, B * C, H, W, OH, OW))
-                timings.append(f"{tile}/{warps}={ms:.4f}")
-            lines.append(f"{case} {cls.__name__}: " + " ".join(timings))
-    return "\n".join(lines)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--sweep", action="store_true", help="after the table, time tile sizes and warp counts")
     args = parser.parse_args()
     rows = run(quick=args.quick)
-    print(harness.report(rows, args.out, "avg_pool2d", f"avg_pool2d: nnkernels (gather) vs PyTorch; {BYTES_FORMULA}"))
-    if args.sweep:
-        print(sweep())
+    print(harness.report(rows, args.out, "avg_pool2d", f"avg_pool2d: nnkernels vs PyTorch; {BYTES_FORMULA}"))
 
 
 if __name__ == "__main__":
