@@ -237,9 +237,15 @@ class _Problem:
         constants = self.geometry + (self.has_bias, self.tf32, config.block_m, config.block_n, config.block_k, block_q)
         return _kernel(Conv2dGemmClForward, constants, self.dtype, config.num_warps, config.num_stages)
 
+    def cl_dx_weight(self, weight):
+        """The dx kernel's weight operand: [KH, KW, C_IN, C_OUT] for tensor-core products (TF32
+        wants it contiguous along the reduced c_out), [KH, KW, C_OUT, C_IN] for full fp32 (see
+        `Conv2dGemmClDx`). Tiny next to the activations."""
+        return weight.permute(*((2, 3, 1, 0) if self.tf32 else (2, 3, 0, 1))).contiguous()
+
     def cl_dx_kernel(self, config):
         block_q = tuning.image_tile(config.block_m, self.pixels_per_phase)
-        constants = self.geometry + (self.tf32, config.block_m, config.block_n, config.block_k, block_q)
+        constants = self.geometry + (self.tf32, self.tf32, config.block_m, config.block_n, config.block_k, block_q)
         return _kernel(Conv2dGemmClDx, constants, self.dtype, config.num_warps, config.num_stages)
 
     def cl_dw_kernel(self, config, with_bias):
@@ -397,7 +403,7 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     y_cl = channels_last(y) if p.channels_last or p.dx_channels_last else None
     dx = torch.empty_like(x)
     if p.dx_channels_last:
-        w_t = weight.permute(2, 3, 1, 0).contiguous()
+        w_t = p.cl_dx_weight(weight)
         for config in pick(p.cl_dx_candidates()):
             _launch(p.cl_dx_kernel(config), y_cl, w_t, dx, *p.sizes)
     else:
@@ -448,7 +454,7 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
 def _dx(grad_y, weight, problem, device, grad_y_cl=None):
     dx = torch.empty(problem.B, problem.C_IN, problem.H, problem.W, dtype=problem.dtype, device=device)
     if problem.dx_channels_last:
-        w_t = weight.permute(2, 3, 1, 0).contiguous()  # [KH, KW, C_IN, C_OUT]: tiny
+        w_t = problem.cl_dx_weight(weight)
 
         def run_cl(config):
             _launch(problem.cl_dx_kernel(config), grad_y_cl, w_t, dx, *problem.sizes)
