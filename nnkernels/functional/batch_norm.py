@@ -24,7 +24,6 @@ from typing import Optional
 import torch
 
 from .. import _mode  # noqa: F401  (first: settles Triton's mode before the kernel modules import triton)
-import triton
 
 from .. import tuning
 
@@ -47,6 +46,7 @@ from ..ops.batch_norm2d_train import (
     fused_channels,
     grouped_plan,
 )
+from ..ops.host_math import next_power_of_2
 
 # The kernel classes this op launches (for `nnkernels list`).
 KERNEL_CLASSES = (
@@ -333,7 +333,7 @@ def batch_norm_update_running_stats_op(
 ) -> None:
     """running = (1 - momentum) * running + momentum * batch statistic, in place (fp32)."""
     C = running_mean.numel()
-    update = _kernel(BatchNorm2dUpdateRunningStats, F32, min(1024, triton.next_power_of_2(C)))
+    update = _kernel(BatchNorm2dUpdateRunningStats, F32, min(1024, next_power_of_2(C)))
     _run("update_running_stats", [(update, (running_mean, running_var, mean, var_unbiased, C, momentum))])
 
 

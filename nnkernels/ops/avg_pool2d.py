@@ -8,6 +8,7 @@ import triton.language as tl
 
 from ..kernel import kernel_object
 from .checks import check_grid, check_numel, check_output_size
+from .host_math import cdiv
 
 
 def avg_pool2d_entry(k, a):
@@ -20,7 +21,7 @@ def avg_pool2d_entry(k, a):
     for name in ("y", "dy"):
         if hasattr(a, name):
             check_numel(name, getattr(a, name), a.B * a.C * a.OH * a.OW, "B*C*OH*OW")
-    return check_grid(a.B * a.C * a.OH * triton.cdiv(a.OW, k.block_ow))
+    return check_grid(a.B * a.C * a.OH * cdiv(a.OW, k.block_ow))
 
 
 @triton.jit

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from ..kernel import INT32_MAX, INTERPRETED, kernel_object
 from .checks import check_grid, check_numel
+from .host_math import cdiv, next_power_of_2
 
 
 def pooled_size(size, kernel, stride, pad, ceil_mode):
@@ -77,7 +78,7 @@ def avg_pool2d_gather_entry(k, a):
     if rows > INT32_MAX or a.H * a.W > INT32_MAX:
         raise ValueError(f"P: {a.P} planes of {a.H}x{a.W} exceed the int32 row and plane indices")
     cols = a.W if hasattr(a, "dx") else a.OW
-    return check_grid(triton.cdiv(rows, k.block_r) * triton.cdiv(cols, k.block_w))
+    return check_grid(cdiv(rows, k.block_r) * cdiv(cols, k.block_w))
 
 
 @triton.jit
@@ -222,8 +223,8 @@ def pooling_blocks(rows, cols, *, tile=None):
     """(BLOCK_R, BLOCK_W) for a rows x cols output tile grid: about `tile` elements per program on
     the GPU; on the CPU, few programs as large as the problem (the interpreter pays per program)."""
     tile = tile or (2**16 if INTERPRETED else 2048)
-    block_w = min(triton.next_power_of_2(cols), tile, 2**16 if INTERPRETED else 64)
-    block_r = max(1, min(tile // block_w, triton.next_power_of_2(rows)))
+    block_w = min(next_power_of_2(cols), tile, 2**16 if INTERPRETED else 64)
+    block_r = max(1, min(tile // block_w, next_power_of_2(rows)))
     return block_r, block_w
 
 
@@ -245,8 +246,8 @@ def pooling_config(rows, cols, taps):
 def lanes_tile(rows, groups, lanes, tile):
     """(BLOCK_R, BLOCK_G) of a lanes-kernel program that writes about `tile` elements: up to 512
     columns of `groups` groups of `lanes` per row, then as many rows as fill the tile."""
-    block_g = min(triton.next_power_of_2(groups), max(1, 512 // lanes))
-    block_r = max(1, min(tile // (block_g * lanes), triton.next_power_of_2(rows)))
+    block_g = min(next_power_of_2(groups), max(1, 512 // lanes))
+    block_r = max(1, min(tile // (block_g * lanes), next_power_of_2(rows)))
     return block_r, block_g
 
 
@@ -278,7 +279,7 @@ def lanes_candidates(rows, written, widths, first_lanes, itemsize, *, gpu=not IN
     from ..tuning import Config  # here, not at the top: tuning imports the ops package, which imports this module
 
     def config(lanes, tile, num_warps):
-        return Config(*lanes_tile(rows, triton.cdiv(written, lanes), lanes, tile), lanes, num_warps, 1)
+        return Config(*lanes_tile(rows, cdiv(written, lanes), lanes, tile), lanes, num_warps, 1)
 
     if not gpu:
         return [config(first_lanes, 2**16, 4)]

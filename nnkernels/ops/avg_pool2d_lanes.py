@@ -29,6 +29,7 @@ import triton.language as tl
 from ..kernel import INT32_MAX, kernel_object
 from .avg_pool2d_gather import pooled_size, row_align, uniform_divisor
 from .checks import check_grid, check_numel
+from .host_math import cdiv
 
 
 # The widest group `_split_lanes` / `_join_lanes` handle, in lanes and in source elements.
@@ -131,7 +132,7 @@ def avg_pool2d_lanes_entry(k, a):
     rows = a.P * (a.H if backward else a.OH)
     if rows > INT32_MAX or a.H * a.W > INT32_MAX:
         raise ValueError(f"P: {a.P} planes of {a.H}x{a.W} exceed the int32 row and plane indices")
-    return check_grid(triton.cdiv(rows, k.block_r) * triton.cdiv(triton.cdiv(written, k.lanes), k.block_g))
+    return check_grid(cdiv(rows, k.block_r) * cdiv(cdiv(written, k.lanes), k.block_g))
 
 
 @triton.jit

@@ -22,6 +22,7 @@ from .batch_norm2d_train import (
     check_split,
     fused_entry,
 )
+from .host_math import cdiv
 
 F32 = torch.float32
 
@@ -32,8 +33,8 @@ def eval_entry(k, a):
     check_channel_tensors(a, ("weight", "bias", "running_mean", "running_var"), a.C)
     if not a.eps >= 0:
         raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
-    num_tiles = triton.cdiv(a.B, k.block_b) * triton.cdiv(a.HW, k.block_hw)
-    num_chunks = triton.cdiv(num_tiles, a.TILES_PER_CHUNK)
+    num_tiles = cdiv(a.B, k.block_b) * cdiv(a.HW, k.block_hw)
+    num_chunks = cdiv(num_tiles, a.TILES_PER_CHUNK)
     if hasattr(a, "partial_dweight"):
         check_channel_tensors(a, ("partial_dweight", "partial_dbias"), a.C * num_chunks, "C*chunks")
     check_split(k, a, num_chunks)
@@ -46,7 +47,7 @@ def sum_partials_entry(k, a):
     check_channel_tensors(a, ("dweight", "dbias"), a.C)
     if a.NUM_PARTIALS > k.block_partials:
         raise ValueError(f"NUM_PARTIALS: expected at most block_partials = {k.block_partials}, got {a.NUM_PARTIALS}")
-    return (triton.cdiv(a.C, k.block_c),)
+    return (cdiv(a.C, k.block_c),)
 
 
 @triton.jit

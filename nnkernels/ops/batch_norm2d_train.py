@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ..kernel import INTERPRETED, kernel_object
 from .checks import check_numel
+from .host_math import cdiv, next_power_of_2
 
 F32 = torch.float32
 
@@ -48,9 +49,9 @@ CPU_TILE = 2**16
 
 def _block_hw(HW, tile):
     """The widest power-of-two row (<= tile) that wastes at most 10% of its lanes over HW."""
-    widest = min(triton.next_power_of_2(HW), tile)
+    widest = min(next_power_of_2(HW), tile)
     for width in (widest >> i for i in range(widest.bit_length())):
-        if width >= 16 and HW / (triton.cdiv(HW, width) * width) >= 0.9:
+        if width >= 16 and HW / (cdiv(HW, width) * width) >= 0.9:
             return width
     return widest
 
@@ -65,11 +66,11 @@ def group_vector(C, HW, channels, element_size):
 def fused_channels(B, C, HW, element_size, tile, min_programs, vector_bytes=8):
     """Channels per fused program: the most lanes used, in the widest aligned vectors (up to `vector_bytes`
     count fully), ties to more channels; within `tile` elements and `min_programs` programs."""
-    block_b = triton.next_power_of_2(B)
+    block_b = next_power_of_2(B)
     most = max(1, min(C, tile // (block_b * HW), C // min_programs))
 
     def merit(k):
-        used = k * HW / triton.next_power_of_2(k * HW)
+        used = k * HW / next_power_of_2(k * HW)
         return used * min(group_vector(C, HW, k, element_size) * element_size, vector_bytes) / vector_bytes, k
 
     return max(range(1, most + 1), key=merit)
@@ -78,8 +79,8 @@ def fused_channels(B, C, HW, element_size, tile, min_programs, vector_bytes=8):
 def grouped_plan(B, C, HW, channels, element_size):
     """The fused plan with `channels` channels per program: a [next_pow2(B), next_pow2(channels*HW)] tile,
     BLOCK_C = next_pow2(channels) and the widest vector that divides its rows (`group_vector`)."""
-    return BatchNormPlan(channels, triton.next_power_of_2(channels), triton.next_power_of_2(B), 0,
-                         triton.next_power_of_2(channels * HW), group_vector(C, HW, channels, element_size),
+    return BatchNormPlan(channels, next_power_of_2(channels), next_power_of_2(B), 0,
+                         next_power_of_2(channels * HW), group_vector(C, HW, channels, element_size),
                          1, 1, 1, True)
 
 
@@ -88,8 +89,8 @@ def batch_norm_plan(B, C, HW, *, element_size=4, tile=None, programs=None, fused
     `channels` the channels per fused program)."""
     tile = tile or (CPU_TILE if INTERPRETED else GPU_TILE)
     programs = programs or (1 if INTERPRETED else GPU_PROGRAMS)
-    block_b = triton.next_power_of_2(B)
-    if block_b * triton.next_power_of_2(HW) <= (fused_limit if fused_limit is not None else
+    block_b = next_power_of_2(B)
+    if block_b * next_power_of_2(HW) <= (fused_limit if fused_limit is not None else
                                                  CPU_TILE if INTERPRETED else FUSED_LIMIT):
         # On the CPU as many channels as one tile holds; on the GPU a few, so that programs fill it.
         # (A first guess: nnkernels.functional.batch_norm times alternatives on the GPU.)
@@ -98,11 +99,11 @@ def batch_norm_plan(B, C, HW, *, element_size=4, tile=None, programs=None, fused
         return grouped_plan(B, C, HW, channels, element_size)
     block_hw = _block_hw(HW, tile)
     block_b = max(1, min(tile // block_hw, block_b))
-    num_tiles = triton.cdiv(B, block_b) * triton.cdiv(HW, block_hw)
-    chunks = max(1, min(triton.cdiv(programs, C), num_tiles, 1024))
-    tiles_per_chunk = triton.cdiv(num_tiles, chunks)
-    chunks = triton.cdiv(num_tiles, tiles_per_chunk)
-    return BatchNormPlan(1, 1, block_b, block_hw, 0, 1, tiles_per_chunk, chunks, triton.next_power_of_2(chunks),
+    num_tiles = cdiv(B, block_b) * cdiv(HW, block_hw)
+    chunks = max(1, min(cdiv(programs, C), num_tiles, 1024))
+    tiles_per_chunk = cdiv(num_tiles, chunks)
+    chunks = cdiv(num_tiles, tiles_per_chunk)
+    return BatchNormPlan(1, 1, block_b, block_hw, 0, 1, tiles_per_chunk, chunks, next_power_of_2(chunks),
                          False)
 
 
@@ -120,11 +121,11 @@ def check_activations(a, names):
 
 def check_split(k, a, num_chunks):
     """The chunks must cover the channel's tiles, and the partials fit one BLOCK_PARTIALS block."""
-    num_tiles = triton.cdiv(a.B, k.block_b) * triton.cdiv(a.HW, k.block_hw)
-    if triton.cdiv(num_tiles, a.TILES_PER_CHUNK) != num_chunks:
+    num_tiles = cdiv(a.B, k.block_b) * cdiv(a.HW, k.block_hw)
+    if cdiv(num_tiles, a.TILES_PER_CHUNK) != num_chunks:
         raise ValueError(
             f"TILES_PER_CHUNK: {a.TILES_PER_CHUNK} tiles per chunk split the {num_tiles} tiles of a channel into "
-            f"{triton.cdiv(num_tiles, a.TILES_PER_CHUNK)} chunks, expected {num_chunks}"
+            f"{cdiv(num_tiles, a.TILES_PER_CHUNK)} chunks, expected {num_chunks}"
         )
     if num_chunks > 65535:
         raise ValueError(f"TILES_PER_CHUNK: {num_chunks} chunks exceed the 65535 of the grid's second axis")
@@ -149,10 +150,10 @@ def normalize_entry(k, a):
     check_channel_tensors(a, partials, a.C * a.NUM_PARTIALS, "C*NUM_PARTIALS")
     if a.NUM_PARTIALS > k.block_partials:
         raise ValueError(f"NUM_PARTIALS: expected at most block_partials = {k.block_partials}, got {a.NUM_PARTIALS}")
-    num_tiles = triton.cdiv(a.B, k.block_b) * triton.cdiv(a.HW, k.block_hw)
+    num_tiles = cdiv(a.B, k.block_b) * cdiv(a.HW, k.block_hw)
     if hasattr(a, "eps") and not a.eps >= 0:
         raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
-    return (a.C, triton.cdiv(num_tiles, a.TILES_PER_CHUNK))
+    return (a.C, cdiv(num_tiles, a.TILES_PER_CHUNK))
 
 
 def fused_entry(k, a):
@@ -179,13 +180,13 @@ def fused_entry(k, a):
                               "running_mean", "running_var"), a.C)
     if hasattr(a, "eps") and not a.eps >= 0:
         raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
-    return (triton.cdiv(a.C, a.CHANNELS),)
+    return (cdiv(a.C, a.CHANNELS),)
 
 
 def update_running_stats_entry(k, a):
     """Grid [cdiv(C, BLOCK_C)]."""
     check_channel_tensors(a, ("running_mean", "running_var", "mean", "var_unbiased"), a.C)
-    return (triton.cdiv(a.C, k.block_c),)
+    return (cdiv(a.C, k.block_c),)
 
 
 @triton.jit

@@ -9,6 +9,7 @@ import triton.language as tl
 
 from ..kernel import kernel_object
 from .checks import check_grid, check_numel, check_output_size
+from .host_math import cdiv
 
 
 def conv2d_entry(k, a):
@@ -31,7 +32,7 @@ def conv2d_entry(k, a):
     for name in ("y", "dy"):
         if hasattr(a, name):
             check_numel(name, getattr(a, name), y_numel, "B*C_OUT*OH*OW")
-    return check_grid(a.B * a.C_OUT * a.OH * triton.cdiv(a.OW, k.block_ow))
+    return check_grid(a.B * a.C_OUT * a.OH * cdiv(a.OW, k.block_ow))
 
 
 @triton.jit

@@ -13,6 +13,7 @@ from ..kernel import kernel_object
 from .checks import check_numel
 from .conv2d_gemm_dw import dw_partial_size
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
+from .host_math import cdiv
 
 
 def _depthwise_sizes(a):
@@ -27,13 +28,13 @@ def conv2d_depthwise_forward_entry(k, a):
     check_conv_launch(k, _depthwise_sizes(a), a.C)
     if k.has_bias:
         check_numel("bias", a.bias, a.C, "C")
-    return check_grid_3d(a.B * a.C, triton.cdiv(a.OH * a.OW, k.block), 1)
+    return check_grid_3d(a.B * a.C, cdiv(a.OH * a.OW, k.block), 1)
 
 
 def conv2d_depthwise_dx_entry(k, a):
     """Grid (B*C, cdiv(H*W, BLOCK)) for `Conv2dDepthwiseDx`."""
     check_conv_launch(k, _depthwise_sizes(a), a.C)
-    return check_grid_3d(a.B * a.C, triton.cdiv(a.H * a.W, k.block), 1)
+    return check_grid_3d(a.B * a.C, cdiv(a.H * a.W, k.block), 1)
 
 
 def conv2d_depthwise_dw_entry(k, a):

@@ -17,6 +17,7 @@ from ..kernel import kernel_object
 from .checks import check_numel
 from .conv2d_gemm_dw import dw_partial_size
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
+from .host_math import cdiv
 
 
 def check_image_tiles(k):
@@ -34,8 +35,8 @@ def conv2d_gemm_cl_forward_entry(k, a):
         raise ValueError(f"C_IN: expected a multiple of block_k = {k.block_k}, got {a.C_IN}")
     if k.has_bias:
         check_numel("bias", a.bias, a.C_OUT, "C_OUT")
-    return check_grid_3d(triton.cdiv(a.B, images) * triton.cdiv(a.OH * a.OW, k.block_q),
-                         triton.cdiv(a.C_OUT, k.block_n), 1)
+    return check_grid_3d(cdiv(a.B, images) * cdiv(a.OH * a.OW, k.block_q),
+                         cdiv(a.C_OUT, k.block_n), 1)
 
 
 @triton.jit
@@ -118,7 +119,7 @@ def conv2d_gemm_cl_dw_entry(k, a):
         raise ValueError(f"SPLIT: expected at most B*OH*OW = {a.B * a.OH * a.OW} slices, got {a.SPLIT}")
     row = dw_partial_size(a.C_OUT, a.C_IN, k.kh, k.kw, k.has_bias)
     check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C_OUT*C_IN*KH*KW [+ C_OUT with HAS_BIAS])")
-    tiles = (triton.cdiv(a.C_OUT, k.block_m) * triton.cdiv(k.kh * k.kw, k.tap_span)
+    tiles = (cdiv(a.C_OUT, k.block_m) * cdiv(k.kh * k.kw, k.tap_span)
              * (a.C_IN // channels_per_tap))
     return check_grid_3d(tiles, a.SPLIT, 1)
 

@@ -15,6 +15,7 @@ from .checks import check_numel
 from .conv2d_gemm_channels_last import check_image_tiles
 from .conv2d_gemm_dx import phase_taps
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
+from .host_math import cdiv
 
 
 def conv2d_gemm_cl_dx_entry(k, a):
@@ -25,9 +26,9 @@ def conv2d_gemm_cl_dx_entry(k, a):
     if a.C_OUT % k.block_k:
         raise ValueError(f"C_OUT: expected a multiple of block_k = {k.block_k}, got {a.C_OUT}")
     check_numel("w_t", a.w_t, k.kh * k.kw * a.C_IN * a.C_OUT, "KH*KW*C_IN*C_OUT")  # either layout
-    pixels_per_phase = triton.cdiv(a.H, k.stride_h) * triton.cdiv(a.W, k.stride_w)
-    return check_grid_3d(triton.cdiv(a.B, images) * triton.cdiv(pixels_per_phase, k.block_q),
-                         triton.cdiv(a.C_IN, k.block_n), k.stride_h * k.stride_w)
+    pixels_per_phase = cdiv(a.H, k.stride_h) * cdiv(a.W, k.stride_w)
+    return check_grid_3d(cdiv(a.B, images) * cdiv(pixels_per_phase, k.block_q),
+                         cdiv(a.C_IN, k.block_n), k.stride_h * k.stride_w)
 
 
 @triton.jit

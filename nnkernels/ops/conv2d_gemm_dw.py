@@ -14,6 +14,7 @@ import triton.language as tl
 from ..kernel import kernel_object
 from .checks import check_grid, check_numel
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
+from .host_math import cdiv
 
 
 def dw_partial_size(c_out, cin_per_group, kh, kw, has_bias):
@@ -28,7 +29,7 @@ def conv2d_gemm_dw_entry(k, a):
         raise ValueError(f"SPLIT: expected at most B*OH*OW = {a.B * a.OH * a.OW} slices, got {a.SPLIT}")
     row = dw_partial_size(a.C_OUT, cin_per_group, k.kh, k.kw, k.has_bias)
     check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C_OUT*(C_IN/G)*KH*KW [+ C_OUT with HAS_BIAS])")
-    tiles = triton.cdiv(cout_per_group, k.block_m) * triton.cdiv(cin_per_group * k.kh * k.kw, k.block_n)
+    tiles = cdiv(cout_per_group, k.block_m) * cdiv(cin_per_group * k.kh * k.kw, k.block_n)
     return check_grid_3d(tiles, a.SPLIT, k.g)
 
 
@@ -120,7 +121,7 @@ def conv2d_dw_reduce_entry(k, a):
     check_numel("dw", a.dw, a.N_DW, "N_DW")
     if k.has_bias:
         check_numel("dbias", a.dbias, a.C_OUT, "C_OUT")
-    return check_grid(triton.cdiv(row, k.block))
+    return check_grid(cdiv(row, k.block))
 
 
 @triton.jit

@@ -12,14 +12,15 @@ import triton.language as tl
 
 from ..kernel import kernel_object
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
+from .host_math import cdiv
 
 
 def conv2d_gemm_dx_entry(k, a):
     """Grid (pixel tiles of one phase, c_in tiles, G * STRIDE_H * STRIDE_W) for `Conv2dGemmDx`."""
     cin_per_group, _ = check_conv_launch(k, a, k.g)
-    pixels_per_phase = a.B * triton.cdiv(a.H, k.stride_h) * triton.cdiv(a.W, k.stride_w)
+    pixels_per_phase = a.B * cdiv(a.H, k.stride_h) * cdiv(a.W, k.stride_w)
     return check_grid_3d(
-        triton.cdiv(pixels_per_phase, k.block_m), triton.cdiv(cin_per_group, k.block_n), k.g * k.stride_h * k.stride_w
+        cdiv(pixels_per_phase, k.block_m), cdiv(cin_per_group, k.block_n), k.g * k.stride_h * k.stride_w
     )
 
 

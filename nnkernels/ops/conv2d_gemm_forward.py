@@ -12,6 +12,7 @@ import triton.language as tl
 
 from ..kernel import kernel_object
 from .checks import check_grid, check_numel
+from .host_math import cdiv
 
 GRID_AXIS_MAX = 65535  # CUDA's limit on grid axes 1 and 2
 
@@ -60,7 +61,7 @@ def conv2d_gemm_forward_entry(k, a):
     _, cout_per_group = check_conv_launch(k, a, k.g)
     if k.has_bias:
         check_numel("bias", a.bias, a.C_OUT, "C_OUT")
-    return check_grid_3d(triton.cdiv(a.B * a.OH * a.OW, k.block_m), triton.cdiv(cout_per_group, k.block_n), k.g)
+    return check_grid_3d(cdiv(a.B * a.OH * a.OW, k.block_m), cdiv(cout_per_group, k.block_n), k.g)
 
 
 @triton.jit

@@ -14,6 +14,7 @@ from ..kernel import kernel_object
 from .checks import check_grid, check_numel
 from .conv2d_gemm_dw import dw_partial_size
 from .conv2d_gemm_forward import check_grid_3d
+from .host_math import cdiv
 
 
 def conv2d_pointwise_entry(k, a):
@@ -23,7 +24,7 @@ def conv2d_pointwise_entry(k, a):
     check_numel("y", a.y, a.B * a.C_OUT * a.HW, "B*C_OUT*HW")
     if k.has_bias:
         check_numel("bias", a.bias, a.C_OUT, "C_OUT")
-    return check_grid_3d(a.B * triton.cdiv(a.HW, k.block_n), triton.cdiv(a.C_OUT, k.block_m), 1)
+    return check_grid_3d(a.B * cdiv(a.HW, k.block_n), cdiv(a.C_OUT, k.block_m), 1)
 
 
 @triton.jit
@@ -85,12 +86,12 @@ def conv2d_pointwise_dw_entry(k, a):
     """Grid (cdiv(C_OUT, block_m) * cdiv(C_IN, block_n), SPLIT) for `Conv2dPointwiseDw`."""
     check_numel("dy", a.dy, a.B * a.C_OUT * a.HW, "B*C_OUT*HW")
     check_numel("x", a.x, a.B * a.C_IN * a.HW, "B*C_IN*HW")
-    steps = a.B * triton.cdiv(a.HW, k.block_k)
+    steps = a.B * cdiv(a.HW, k.block_k)
     if a.SPLIT > steps:
         raise ValueError(f"SPLIT: expected at most B*cdiv(HW, block_k) = {steps} slices, got {a.SPLIT}")
     row = dw_partial_size(a.C_OUT, a.C_IN, 1, 1, k.has_bias)
     check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C_OUT*C_IN [+ C_OUT with HAS_BIAS])")
-    tiles = triton.cdiv(a.C_OUT, k.block_m) * triton.cdiv(a.C_IN, k.block_n)
+    tiles = cdiv(a.C_OUT, k.block_m) * cdiv(a.C_IN, k.block_n)
     return (check_grid(tiles)[0], a.SPLIT)
 
 

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from ..kernel import INT32_MAX, INTERPRETED, kernel_object
 from .checks import check_grid, check_numel
+from .host_math import cdiv, next_power_of_2
 
 # The interpreter runs programs one by one at a fixed cost each: there a tile may cover this
 # many elements, so that a small problem takes few programs.
@@ -24,8 +25,8 @@ def channels_last_tiles(c, hw, interpreted=INTERPRETED):
     the H200), and in the interpreter one tile of up to 4096 elements covering as much as it can."""
     if not interpreted:
         return 64, 64
-    block_c = min(triton.next_power_of_2(c), 64)
-    block_p = min(triton.next_power_of_2(hw), INTERPRETED_TILE_ELEMENTS // block_c)
+    block_c = min(next_power_of_2(c), 64)
+    block_p = min(next_power_of_2(hw), INTERPRETED_TILE_ELEMENTS // block_c)
     return block_c, block_p
 
 
@@ -35,7 +36,7 @@ def channels_last_copy_entry(k, a):
         raise ValueError(f"C, HW: expected C*HW <= 2**31 - 1 elements per image, got {a.C}*{a.HW} = {a.C * a.HW}")
     check_numel("x", a.x, a.B * a.C * a.HW, "B*C*HW")
     check_numel("y", a.y, a.B * a.HW * a.C, "B*HW*C")
-    grid = check_grid(a.B * triton.cdiv(a.C, k.block_c) * triton.cdiv(a.HW, k.block_p))
+    grid = check_grid(a.B * cdiv(a.C, k.block_c) * cdiv(a.HW, k.block_p))
     x_first, y_first = a.x.data_ptr(), a.y.data_ptr()
     nbytes = a.x.numel() * a.x.element_size()
     if x_first < y_first + nbytes and y_first < x_first + nbytes:
