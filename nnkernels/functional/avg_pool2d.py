@@ -104,7 +104,7 @@ def _choices(direction, dtype, planes, H, W, OH, OW, kernel, stride, padding, co
     options = SimpleNamespace(kh=kernel[0], kw=kernel[1], stride_h=stride[0], stride_w=stride[1], pad_h=padding[0],
                               pad_w=padding[1], count_include_pad=count_include_pad, divisor_override=divisor)
     uniform = uniform_divisor(options, H, W, OH, OW)
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     common = (*kernel, *stride, *padding, count_include_pad, divisor, uniform)
     if direction == "backward":
         rows, cols = planes * H, W
