@@ -82,6 +82,21 @@ def avg_pool2d_gather_entry(k, a):
 
 
 @triton.jit
+def window_divisor(h0, w0, H, W, KH: tl.constexpr, KW: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+                   COUNT_INCLUDE_PAD: tl.constexpr):
+    """fp32 divisors [R, C] of the windows starting at rows h0 [R] and columns w0 [C], as PyTorch
+    counts them (module docstring), and at least 1: lanes past the tile's edge or windows that do
+    not exist may count 0, and their values are never stored (or are 0), so 1 does no harm."""
+    if COUNT_INCLUDE_PAD:
+        rows_counted = tl.minimum(h0 + KH, H + PAD_H) - h0
+        cols_counted = tl.minimum(w0 + KW, W + PAD_W) - w0
+    else:
+        rows_counted = tl.minimum(h0 + KH, H) - tl.maximum(h0, 0)
+        cols_counted = tl.minimum(w0 + KW, W) - tl.maximum(w0, 0)
+    return tl.maximum(rows_counted[:, None] * cols_counted[None, :], 1).to(tl.float32)
+
+
+@triton.jit
 def avg_pool2d_gather_forward(
     x, y, P, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
@@ -141,14 +156,7 @@ def avg_pool2d_gather_forward(
     elif UNIFORM:
         out = acc / (KH * KW)
     else:
-        if COUNT_INCLUDE_PAD:
-            rows_counted = tl.minimum(h0 + KH, H + PAD_H) - h0
-            cols_counted = tl.minimum(w0 + KW, W + PAD_W) - w0
-        else:
-            rows_counted = tl.minimum(h0 + KH, H) - tl.maximum(h0, 0)
-            cols_counted = tl.minimum(w0 + KW, W) - tl.maximum(w0, 0)
-        # Lanes past the edge of the tile may count 0; they are not stored, so divide by 1 there.
-        out = acc / tl.maximum(rows_counted[:, None] * cols_counted[None, :], 1).to(tl.float32)
+        out = acc / window_divisor(h0, w0, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD)
     y_row = y + tl.multiple_of(rows.to(tl.int64) * OW, ROW_ALIGN)
     tl.store(y_row[:, None] + ow[None, :], out.to(y.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
 
@@ -189,17 +197,9 @@ def avg_pool2d_gather_backward(
             if DIVISOR_OVERRIDE > 0 or UNIFORM:
                 acc += dyv.to(tl.float32)
             else:
-                h0 = oh * STRIDE_H - PAD_H
-                w0 = ow * STRIDE_W - PAD_W
-                if COUNT_INCLUDE_PAD:
-                    rows_counted = tl.minimum(h0 + KH, H + PAD_H) - h0
-                    cols_counted = tl.minimum(w0 + KW, W + PAD_W) - w0
-                else:
-                    rows_counted = tl.minimum(h0 + KH, H) - tl.maximum(h0, 0)
-                    cols_counted = tl.minimum(w0 + KW, W) - tl.maximum(w0, 0)
-                # Windows that do not exist may count 0; their dy is 0, so divide by 1 there.
-                divisor = tl.maximum(rows_counted[:, None] * cols_counted[None, :], 1)
-                acc += dyv.to(tl.float32) / divisor.to(tl.float32)
+                divisor = window_divisor(oh * STRIDE_H - PAD_H, ow * STRIDE_W - PAD_W, H, W, KH, KW, PAD_H, PAD_W,
+                                         COUNT_INCLUDE_PAD)
+                acc += dyv.to(tl.float32) / divisor
     if DIVISOR_OVERRIDE > 0:
         acc = acc / DIVISOR_OVERRIDE
     elif UNIFORM:
@@ -212,6 +212,7 @@ _OPTIONS = dict(
     entry=avg_pool2d_gather_entry,
     nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE", "X_ALIGN"),
     flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
+    helpers=(window_divisor,),
 )
 AvgPool2dGatherForward = kernel_object(
     avg_pool2d_gather_forward, example=(3, 3, 1, 1, 1, 1, True, 0, True, 8, 0, 32, 64), **_OPTIONS)

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..kernel import INT32_MAX, kernel_object
-from .avg_pool2d_gather import pooled_size, row_align, uniform_divisor
+from .avg_pool2d_gather import pooled_size, row_align, uniform_divisor, window_divisor
 from .checks import check_grid, check_numel
 from .host_math import cdiv
 
@@ -218,20 +218,6 @@ def _lane(left, main, right, d: tl.constexpr, SRC: tl.constexpr):
 
 
 @triton.jit
-def _window_divisor(h0, w0, H, W, KH: tl.constexpr, KW: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
-                    COUNT_INCLUDE_PAD: tl.constexpr):
-    """Divisor of windows starting at rows h0 [R] and columns w0 [C], as PyTorch counts; >= 1."""
-    if COUNT_INCLUDE_PAD:
-        rows_counted = tl.minimum(h0 + KH, H + PAD_H) - h0
-        cols_counted = tl.minimum(w0 + KW, W + PAD_W) - w0
-    else:
-        rows_counted = tl.minimum(h0 + KH, H) - tl.maximum(h0, 0)
-        cols_counted = tl.minimum(w0 + KW, W) - tl.maximum(w0, 0)
-    # Lanes past the edge of the tile may count 0; they are not stored, so divide by 1 there.
-    return tl.maximum(rows_counted[:, None] * cols_counted[None, :], 1).to(tl.float32)
-
-
-@triton.jit
 def avg_pool2d_lanes_forward(
     x, y, P, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
@@ -289,7 +275,7 @@ def avg_pool2d_lanes_forward(
     elif UNIFORM:
         acc = acc * (1.0 / (KH * KW))
     else:
-        acc = acc / _window_divisor(h0, ow * STRIDE_W - PAD_W, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD)
+        acc = acc / window_divisor(h0, ow * STRIDE_W - PAD_W, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD)
     y_row = y + tl.multiple_of(rows.to(tl.int64) * OW, ROW_ALIGN)
     col_in = (ow // ROW_ALIGN) < (OW // ROW_ALIGN)
     tl.store(y_row[:, None] + ow[None, :], acc.to(y.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
@@ -358,7 +344,7 @@ def avg_pool2d_lanes_backward(
     tl.store(dx_row[:, None] + iw[None, :], acc.to(dx.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
 
 
-_HELPERS = (_split_lanes, _join_lanes, _add_lanes, _row_lanes, _lane, _window_divisor)
+_HELPERS = (_split_lanes, _join_lanes, _add_lanes, _row_lanes, _lane, window_divisor)
 _OPTIONS = dict(
     entry=avg_pool2d_lanes_entry,
     nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"),
