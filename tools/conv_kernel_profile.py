@@ -2,6 +2,7 @@
 torch's F.conv2d, forward + backward, per bench layer (torch.profiler, mean of 5 steps after 3).
 
     PYTHONPATH=. python3 tools/conv_kernel_profile.py ["layer name,layer name" (default: the whole suite)]
+    PYTHONPATH=. python3 tools/conv_kernel_profile.py resnet50   (the resnet50_convs layers, bf16 only)
 
 Both sides run in the same process on the same inputs (those of `nnkernels.bench.conv2d`), in
 bf16 and in fp32 with TF32; the eight largest kernels of each are printed with their µs.
@@ -14,6 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import nnkernels
 from nnkernels.bench.conv2d import SUITE, _tensors
+from nnkernels.bench.resnet50_convs import RESNET50
 
 STEPS = 5
 
@@ -42,9 +44,12 @@ def kernel_times(layer, dtype, conv):
 
 
 def main(names=None):
-    for dtype in (torch.bfloat16, torch.float32):
+    suite, dtypes = SUITE, (torch.bfloat16, torch.float32)
+    if names == ["resnet50"]:
+        suite, dtypes, names = RESNET50, (torch.bfloat16,), None
+    for dtype in dtypes:
         torch.backends.cudnn.allow_tf32 = True
-        for layer in SUITE:
+        for layer in suite:
             if names and layer.name not in names:
                 continue
             for side, conv in (("ours", nnkernels.conv2d), ("torch", torch.nn.functional.conv2d)):

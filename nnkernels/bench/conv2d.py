@@ -45,6 +45,7 @@ class Layer:
     stride: int = 1
     padding: int = 0
     groups: int = 1
+    count: int = 1  # how many layers of a network have this shape (bench resnet50_convs weighs by it)
 
     @property
     def out_size(self):
@@ -101,13 +102,12 @@ def _seed_launchers(layer, x, w, dy):
     return seed_forward, seed_backward
 
 
-def _compile_worker(layer_index, dtype_name, tf32, quick, seed):
+def _compile_worker(layer, dtype_name, tf32, quick, seed):
     """In a worker process: compile (by launching once) every kernel the row may use; time nothing."""
     os.environ["NNKERNELS_TUNE"] = "off"
     from ..functional.conv2d import precompile
 
     torch.backends.cudnn.allow_tf32 = tf32
-    layer = SUITE[layer_index]
     x, w, dy = _tensors(layer, getattr(torch, dtype_name))
     stride, padding, dilation, groups = _conv_args(layer)
     precompile(x, w, stride, padding, dilation, groups, full=not quick)
@@ -118,7 +118,7 @@ def _compile_worker(layer_index, dtype_name, tf32, quick, seed):
 
 
 def _precompile_all(quick, layers, precisions, seed):
-    jobs = [(SUITE.index(layer), str(dtype).split(".")[-1], tf32) for layer in layers for _, dtype, tf32 in precisions]
+    jobs = [(layer, str(dtype).split(".")[-1], tf32) for layer in layers for _, dtype, tf32 in precisions]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(WORKERS, mp_context=context) as pool:
         for future in [pool.submit(_compile_worker, *job, quick, seed) for job in jobs]:
@@ -150,12 +150,12 @@ def _row(layer, label, direction, ours, reference, seed, work):
     return harness.Row("conv2d", layer.name, label, direction, ours_ms, torch_ms, work, "TFLOP/s", extra)
 
 
-def run(quick: bool = False, layers=None, precisions=None, seed: bool = True) -> list[harness.Row]:
-    """The issue-3 suite (module docstring); `quick` tunes over the quick config set and times
-    the seed only where its precision differs. `layers` / `precisions` (names) pick a subset;
+def run(quick: bool = False, layers=None, precisions=None, seed: bool = True, suite=SUITE) -> list[harness.Row]:
+    """The issue-3 suite, or `suite` (module docstring); `quick` tunes over the quick config set and
+    times the seed only where its precision differs. `layers` / `precisions` (names) pick a subset;
     `seed=False` leaves the seed column out."""
     harness.require_gpu()
-    layers = [layer for layer in SUITE if layers is None or layer.name in layers]
+    layers = [layer for layer in suite if layers is None or layer.name in layers]
     precisions = [p for p in PRECISIONS if precisions is None or p[0] in precisions]
     os.environ["NNKERNELS_TUNE"] = "quick" if quick else "full"
     from .. import functional  # noqa: F401
