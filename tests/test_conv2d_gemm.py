@@ -150,21 +150,24 @@ CL_DX_CASES = [
 ]
 
 
+@pytest.mark.parametrize("dx_nhwc", [False, True], ids=["dx-nchw", "dx-nhwc"])
 @pytest.mark.parametrize("w_cout_inner", [True, False], ids=["w-cin-cout", "w-cout-cin"])
 @pytest.mark.parametrize("block_q", [8, 32], ids=["4-images-per-tile", "1-image-per-tile"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", CL_DX_CASES)
-def test_channels_last_dx_matches_float64(case, dtype, block_q, w_cout_inner):
-    """dx from channels-last dy, every phase of every stride, both weight layouts; pixels and
-    channels ragged in the tiles."""
+def test_channels_last_dx_matches_float64(case, dtype, block_q, w_cout_inner, dx_nhwc):
+    """dx from channels-last dy, every phase of every stride, both weight layouts, dx written
+    NCHW or NHWC; pixels and channels ragged in the tiles."""
     B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dil = case
     OH, OW = _conv_sizes(B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dil)
     x, w, dy = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, KH, KW, dtype=dtype), randn(B, C_OUT, OH, OW,
                                                                                                   dtype=dtype)
-    dx = poisoned(B, C_IN, H, W, dtype=dtype)
-    kernel = Conv2dGemmClDx(KH, KW, *stride, *pad, *dil, False, w_cout_inner, 32, 16, 16, block_q, dtype=dtype)
+    dx = poisoned(*((B, H, W, C_IN) if dx_nhwc else (B, C_IN, H, W)), dtype=dtype)
+    kernel = Conv2dGemmClDx(KH, KW, *stride, *pad, *dil, False, w_cout_inner, dx_nhwc, 32, 16, 16, block_q,
+                            dtype=dtype)
     w_t = w.permute(*((2, 3, 1, 0) if w_cout_inner else (2, 3, 0, 1))).contiguous()
     kernel.launch(dy.permute(0, 2, 3, 1).contiguous(), w_t, dx, B, C_IN, C_OUT, H, W, OH, OW)
+    dx = dx.permute(0, 3, 1, 2) if dx_nhwc else dx
     assert_close(dx, _references(x, w, None, dy, stride, pad, dil, 1)[1], dtype)
 
 

@@ -26,6 +26,9 @@ CASES = [
     pytest.param((1, 32, 16, 7, 6, 3, 2, 1, 1, 1, False), id="channels-last-stride2"),
     pytest.param((1, 16, 16, 6, 7, 3, 1, 3, 1, 1, True), id="channels-last-pad-over-kernel"),
     pytest.param((2, 3, 16, 11, 10, 7, 2, 3, 1, 1, True), id="stem-like-dx-channels-last"),
+    pytest.param((2, 16, 32, 9, 7, 3, 2, 1, 1, 1, True), id="channels-last-stride2-dx-nhwc"),
+    pytest.param((2, 5, 6, 9, 7, 1, 2, 0, 1, 1, True), id="1x1-stride2-subsampled"),
+    pytest.param((1, 4, 3, 8, 10, 1, (3, 2), 0, 2, 1, False), id="1x1-stride32-dilated-subsampled"),
 ]
 
 

@@ -3,10 +3,11 @@
 The work runs in two PyTorch custom operators, so autograd, `torch.compile` and autocast see
 one opaque op each: `nnkernels::conv2d` (forward) and `nnkernels::conv2d_backward` (dx, dw,
 dbias, each only when asked). Per shape the op picks its kernels from the catalogue: the
-direct depthwise kernels when groups == C_IN == C_OUT, a per-image matrix product for 1x1
-stride-1 convolutions, the implicit-GEMM tensor-core kernels otherwise: on channels-last copies
-(vector loads) when groups == 1 and the channel counts are multiples of 16 (for dx only C_OUT
-must be; a strided 1x1 forward stays on NCHW, measured faster), straight from NCHW else.
+direct depthwise kernels when groups == C_IN == C_OUT, a per-image matrix product for unpadded
+1x1 convolutions (of the subsampled input when strided), the implicit-GEMM tensor-core kernels
+otherwise: on channels-last copies (vector loads) when groups == 1 and the channel counts are
+multiples of 16 (for dx only C_OUT must be; a strided dx is written channels-last too, then
+transposed), straight from NCHW else.
 Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a call uses,
 and every launch is logged at DEBUG level on the "nnkernels" logger.
 """
@@ -28,7 +29,7 @@ from ..ops.conv2d_gemm_dx import Conv2dGemmDx
 from ..ops.conv2d_gemm_forward import Conv2dGemmForward
 from ..ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw
 from ..ops.layout import ChannelsLastCopy
-from .layout import channels_last
+from .layout import channels_first, channels_last, subsample, subsample_backward
 
 # The kernel classes this op launches (what `nnkernels list` shows against conv2d).
 KERNELS = (
@@ -195,8 +196,11 @@ class _Problem:
         self.geometry_args = (tuple(stride), tuple(padding), tuple(dilation), groups)
         self.dilation = dilation
         self.depthwise = _is_depthwise(self.C_IN, self.C_OUT, groups)
-        # A 1x1, stride-1, unpadded, one-group convolution is a matrix product per image.
-        self.pointwise = self.geometry[:6] == (1, 1, 1, 1, 0, 0) and groups == 1
+        # An unpadded, one-group 1x1 convolution is a matrix product per image, of x[:, :, ::s, ::s]
+        # when strided (`subsampled`).
+        self.pointwise = (self.KH, self.KW, *padding) == (1, 1, 0, 0) and groups == 1
+        self.stride = tuple(stride)
+        self.subsampled = self.pointwise and self.stride != (1, 1)
         self.channels_last = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
                               and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
         # The forward's channels-last copy of x pays off over KH*KW taps; for a 1x1 convolution
@@ -205,6 +209,11 @@ class _Problem:
         # dx's K slices run over C_OUT only, so any C_IN will do (the 3-channel stem's included).
         self.dx_channels_last = (groups == 1 and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0 and not self.pointwise
                                  and not self.depthwise)
+        # A strided dx kernel writes each phase's pixels, STRIDE_W apart: into NHWC, where a pixel's
+        # channels are one run, and transposed after (see `Conv2dGemmClDx`); 3 channels (the stem)
+        # would not make a run.
+        self.dx_nhwc = (self.dx_channels_last and tuple(stride) != (1, 1)
+                        and self.C_IN % CHANNELS_LAST_MULTIPLE == 0)
         # dx pixels of one stride phase of one image (the gather-form dx kernels' unit of work)
         self.pixels_per_phase = -(-self.H // stride[0]) * -(-self.W // stride[1])
         self.tf32 = _tf32(dtype)
@@ -245,7 +254,8 @@ class _Problem:
 
     def cl_dx_kernel(self, config):
         block_q = tuning.image_tile(config.block_m, self.pixels_per_phase)
-        constants = self.geometry + (self.tf32, self.tf32, config.block_m, config.block_n, config.block_k, block_q)
+        constants = self.geometry + (self.tf32, self.tf32, self.dx_nhwc, config.block_m, config.block_n,
+                                     config.block_k, block_q)
         return _kernel(Conv2dGemmClDx, constants, self.dtype, config.num_warps, config.num_stages)
 
     def cl_dw_kernel(self, config, with_bias):
@@ -294,16 +304,24 @@ class _Problem:
                                      config.block_k)
         return _kernel(Conv2dGemmDw, constants, self.dtype, config.num_warps, config.num_stages)
 
+    def pointwise_input(self, x):
+        """What the 1x1 kernels multiply: x, or x[:, :, ::s_h, ::s_w] when strided."""
+        return subsample(x, self.stride) if self.subsampled else x
+
+    def pointwise_dx(self, device):
+        """The 1x1 dx kernel's output: dx itself, or dx at the stride lattice's pixels when strided."""
+        return torch.empty(self.B, self.C_IN, self.OH, self.OW, dtype=self.dtype, device=device)
+
     def pointwise_candidates(self, for_dx=False):
         c_out, c_in = (self.C_IN, self.C_OUT) if for_dx else (self.C_OUT, self.C_IN)
-        return tuning.pointwise_candidates(c_out, c_in, self.H * self.W, self.dtype)
+        return tuning.pointwise_candidates(c_out, c_in, self.OH * self.OW, self.dtype)
 
     def pointwise_kernel(self, config, for_dx=False):
         constants = (self.has_bias and not for_dx, self.tf32, config.block_m, config.block_n, config.block_k)
         return _kernel(Conv2dPointwise, constants, self.dtype, config.num_warps, config.num_stages)
 
     def pointwise_dw_candidates(self):
-        return tuning.pointwise_dw_candidates(self.C_OUT, self.C_IN, self.H * self.W, self.B, self.dtype)
+        return tuning.pointwise_dw_candidates(self.C_OUT, self.C_IN, self.OH * self.OW, self.B, self.dtype)
 
     def pointwise_dw_kernel(self, config, with_bias):
         constants = (with_bias, self.tf32, config.block_m, config.block_n, config.block_k)
@@ -377,16 +395,18 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     dw = torch.empty_like(weight)
     dbias = torch.empty(p.C_OUT, dtype=x.dtype, device=x.device) if bias else dw
     if p.pointwise:
-        sizes = (p.B, p.C_IN, p.C_OUT, p.H * p.W)
+        sizes = (p.B, p.C_IN, p.C_OUT, p.OH * p.OW)
+        x_in = p.pointwise_input(x)
         for config in pick(p.pointwise_candidates()):
-            _launch(p.pointwise_kernel(config), x, weight, bias_arg, y, *sizes)
+            _launch(p.pointwise_kernel(config), x_in, weight, bias_arg, y, *sizes)
         if backward:
-            dx, weight_t = torch.empty_like(x), weight.reshape(p.C_OUT, p.C_IN).t().contiguous()
+            dx, weight_t = p.pointwise_dx(x.device), weight.reshape(p.C_OUT, p.C_IN).t().contiguous()
             for config in pick(p.pointwise_candidates(for_dx=True)):
-                _launch(p.pointwise_kernel(config, for_dx=True), y, weight_t, dx, dx, p.B, p.C_OUT, p.C_IN, p.H * p.W)
+                _launch(p.pointwise_kernel(config, for_dx=True), y, weight_t, dx, dx, p.B, p.C_OUT, p.C_IN,
+                        p.OH * p.OW)
             for config in pick(p.pointwise_dw_candidates()):
                 partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
-                _launch(p.pointwise_dw_kernel(config, bias), y, x, partial, *sizes, config.split)
+                _launch(p.pointwise_dw_kernel(config, bias), y, x_in, partial, *sizes, config.split)
                 _launch(p.reduce_kernel(bias), partial, dw, dbias, config.split, weight.numel(), p.C_OUT)
         return
     x_cl = channels_last(x) if p.channels_last else None
@@ -428,9 +448,11 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
         _launch(problem.forward_kernel(problem.depthwise_config()), x, weight, bias_arg, y, *problem.launch_sizes)
         return y
     if problem.pointwise:
+        x_in = problem.pointwise_input(x)
+
         def run_pointwise(config):
-            _launch(problem.pointwise_kernel(config), x, weight, bias_arg, y, problem.B, problem.C_IN, problem.C_OUT,
-                    problem.H * problem.W)
+            _launch(problem.pointwise_kernel(config), x_in, weight, bias_arg, y, problem.B, problem.C_IN,
+                    problem.C_OUT, problem.OH * problem.OW)
 
         run_pointwise(tuning.choose("conv2d_pointwise", problem.key, problem.pointwise_candidates(), run_pointwise))
         return y
@@ -452,28 +474,32 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
 
 
 def _dx(grad_y, weight, problem, device, grad_y_cl=None):
-    dx = torch.empty(problem.B, problem.C_IN, problem.H, problem.W, dtype=problem.dtype, device=device)
+    shape = (problem.B, problem.C_IN, problem.H, problem.W)
     if problem.dx_channels_last:
         w_t = problem.cl_dx_weight(weight)
+        nhwc = (problem.B, problem.H, problem.W, problem.C_IN)
+        written = torch.empty(nhwc if problem.dx_nhwc else shape, dtype=problem.dtype, device=device)
 
         def run_cl(config):
-            _launch(problem.cl_dx_kernel(config), grad_y_cl, w_t, dx, *problem.sizes)
+            _launch(problem.cl_dx_kernel(config), grad_y_cl, w_t, written, *problem.sizes)
 
         run_cl(tuning.choose("conv2d_cl_dx", problem.key, problem.cl_dx_candidates(), run_cl))
-        return dx
+        return channels_first(written) if problem.dx_nhwc else written
+    dx = torch.empty(shape, dtype=problem.dtype, device=device)
     if problem.depthwise:
         _launch(problem.dx_kernel(problem.depthwise_config()), grad_y, weight, dx, *problem.launch_sizes)
         return dx
     if problem.pointwise:
         weight_t = weight.reshape(problem.C_OUT, problem.C_IN).t().contiguous()  # [C_IN, C_OUT]: tiny
+        written = problem.pointwise_dx(device) if problem.subsampled else dx
 
         def run_pointwise(config):
-            _launch(problem.pointwise_kernel(config, for_dx=True), grad_y, weight_t, dx, dx, problem.B, problem.C_OUT,
-                    problem.C_IN, problem.H * problem.W)
+            _launch(problem.pointwise_kernel(config, for_dx=True), grad_y, weight_t, written, written, problem.B,
+                    problem.C_OUT, problem.C_IN, problem.OH * problem.OW)
 
         run_pointwise(tuning.choose("conv2d_pointwise_dx", problem.key, problem.pointwise_candidates(for_dx=True),
                                     run_pointwise))
-        return dx
+        return subsample_backward(written, shape, problem.stride) if problem.subsampled else dx
 
     def run(config):
         _launch(problem.dx_kernel(config), grad_y, weight, dx, *problem.sizes)
@@ -498,10 +524,12 @@ def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None):
         _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, n_dw, problem.C_OUT)
 
     if problem.pointwise:
+        x_in = problem.pointwise_input(x)
+
         def run_pointwise(config):
             partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
-            _launch(problem.pointwise_dw_kernel(config, with_bias), grad_y, x, partial, problem.B, problem.C_IN,
-                    problem.C_OUT, problem.H * problem.W, config.split)
+            _launch(problem.pointwise_dw_kernel(config, with_bias), grad_y, x_in, partial, problem.B, problem.C_IN,
+                    problem.C_OUT, problem.OH * problem.OW, config.split)
             _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, n_dw, problem.C_OUT)
 
         run_pointwise(tuning.choose("conv2d_pointwise_dw", problem.key + (with_bias,), problem.pointwise_dw_candidates(),

@@ -1,34 +1,87 @@
-"""`channels_last(t)`: the NHWC copy of an NCHW tensor that the channels-last convolution kernels read.
+"""`channels_last(t)`: the NHWC copy of an NCHW tensor that the channels-last convolution kernels read;
+`channels_first(t)`: the NCHW copy of an NHWC tensor that a channels-last kernel wrote;
+`subsample(t, stride)`: t[:, :, ::s_h, ::s_w], contiguous, and `subsample_backward`, its adjoint.
 
 `t.permute(0, 2, 3, 1).contiguous()`, bit for bit, by the tile-transpose kernel `ChannelsLastCopy`
 (measured on the H200: 36 us for PyTorch's copy of a B32 C64 56x56 bf16 tensor, 11 us for the
 tile transpose). Each launch is logged at DEBUG level on the "nnkernels" logger, like the ops'.
 """
+import functools
 import logging
 
 import torch
 
 from ..kernel import DTYPE_NAMES
 from ..ops.layout import channels_last_kernel, channels_last_tiles
+from ..ops.subsample import Subsample2dBackward, Subsample2dForward, subsample_tiles
 
 _log = logging.getLogger("nnkernels")
 
 
-def channels_last(t):
-    """`t.permute(0, 2, 3, 1).contiguous()` for a contiguous [N, C, H, W] tensor, by `ChannelsLastCopy`."""
+def _check(t):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"t: expected a torch.Tensor, got {type(t).__name__}")
     if t.dim() != 4:
-        raise ValueError(f"t: expected a 4-D [N, C, H, W] tensor, got shape {tuple(t.shape)}")
+        raise ValueError(f"t: expected a 4-D tensor, got shape {tuple(t.shape)}")
     if t.dtype not in DTYPE_NAMES:
         raise TypeError(f"t: expected dtype torch.float32, torch.float16 or torch.bfloat16, got {t.dtype}")
     if not t.is_contiguous():
         raise ValueError(f"t: expected a contiguous tensor, got strides {tuple(t.stride())}")
-    n, c, h, w = t.shape
-    y = torch.empty((n, h, w, c), dtype=t.dtype, device=t.device)
+
+
+def _transpose(t, shape, rows, cols):
+    """t as [N, rows, cols] copied into [N, cols, rows], returned with `shape`."""
+    y = torch.empty(shape, dtype=t.dtype, device=t.device)
     if y.numel():
-        kernel = channels_last_kernel(*channels_last_tiles(c, h * w), t.dtype)
-        if _log.isEnabledFor(logging.DEBUG):
-            _log.debug("layout launches %s", kernel.id)
-        kernel.launch(t, y, n, c, h * w)
+        _launch(channels_last_kernel(*channels_last_tiles(rows, cols), t.dtype), t, y, t.shape[0], rows, cols)
     return y
+
+
+def channels_last(t):
+    """`t.permute(0, 2, 3, 1).contiguous()` for a contiguous [N, C, H, W] tensor, by `ChannelsLastCopy`."""
+    _check(t)
+    n, c, h, w = t.shape
+    return _transpose(t, (n, h, w, c), c, h * w)
+
+
+def channels_first(t):
+    """`t.permute(0, 3, 1, 2).contiguous()` for a contiguous [N, H, W, C] tensor: the same tile
+    transpose, with the pixels as its rows and the channels as its columns."""
+    _check(t)
+    n, h, w, c = t.shape
+    return _transpose(t, (n, c, h, w), h * w, c)
+
+
+@functools.lru_cache(maxsize=None)
+def _subsample_kernel(cls, stride, plane, dtype):
+    return cls(*stride, *subsample_tiles(plane), dtype=dtype)
+
+
+def _launch(kernel, *args):
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug("layout launches %s", kernel.id)
+    kernel.launch(*args)
+
+
+def subsample(t, stride):
+    """`t[:, :, ::stride[0], ::stride[1]].contiguous()` for a contiguous [N, C, H, W] tensor, by
+    `Subsample2dForward`."""
+    _check(t)
+    n, c, h, w = t.shape
+    oh, ow = -(-h // stride[0]), -(-w // stride[1])
+    y = torch.empty((n, c, oh, ow), dtype=t.dtype, device=t.device)
+    if y.numel():
+        _launch(_subsample_kernel(Subsample2dForward, tuple(stride), oh * ow, t.dtype), t, y, n * c, h, w, oh, ow)
+    return y
+
+
+def subsample_backward(grad, shape, stride):
+    """The gradient of `subsample` for an input of `shape`: `grad` at every stride-th pixel, zeros
+    elsewhere, by `Subsample2dBackward`, which writes every element once."""
+    _check(grad)
+    n, c, h, w = shape
+    x = torch.empty(shape, dtype=grad.dtype, device=grad.device)
+    if x.numel():
+        _launch(_subsample_kernel(Subsample2dBackward, tuple(stride), h * w, grad.dtype), grad, x, n * c, h, w,
+                *grad.shape[2:])
+    return x

@@ -6,6 +6,12 @@ progression per axis and no term is a multiplication by zero), reading dy channe
 K-slice is BLOCK_K consecutive channels of one dy pixel, 16-byte loads the compiler pipelines,
 where the NCHW kernel gathers single elements. Measured on the H200 that NCHW gather ran the
 stem's dx (3 input channels, 7x7, stride 2) at 0.9 TFLOP/s.
+
+With a stride, a program's pixels are every STRIDE_W-th of a row: written to NCHW that is two
+bytes at every other address (bf16, stride 2), and ResNet-50's stride-2 3x3 layers took 2.3x to
+3.3x longer than cuDNN for their whole backward on the H200 (the dx kernel 0.49 ms of 0.77 for
+B64 128@56). DX_NHWC writes dx channels-last instead (whole runs of BLOCK_N channels per
+pixel); the caller transposes it to NCHW.
 """
 import triton
 import triton.language as tl
@@ -36,10 +42,10 @@ def conv2d_gemm_cl_dx(
     dy, w_t, dx, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    TF32: tl.constexpr, W_COUT_INNER: tl.constexpr,
+    TF32: tl.constexpr, W_COUT_INNER: tl.constexpr, DX_NHWC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
-    """2-D convolution data gradient (groups = 1) from channels-last dy, NCHW dx; gather form, no atomics.
+    """2-D convolution data gradient (groups = 1) from channels-last dy; gather form, no atomics.
 
     dy is [B, OH, OW, C_OUT] and w_t is the weight as [KH, KW, C_IN, C_OUT] when W_COUT_INNER (both
     operands contiguous along the reduced c_out, as TF32 tensor cores need them), else as
@@ -47,6 +53,7 @@ def conv2d_gemm_cl_dx(
     backward of r50 64@56 took 0.48 ms with this layout and 0.81 ms with the other, where the
     tuner timed dx alone at 0.475 ms; its PTX reads shared memory 16 bytes at a time 64 times
     against 40); both contiguous;
+    dx is NCHW, or [B, H, W, C_IN] when DX_NHWC;
     C_OUT % BLOCK_K == 0; one image of dy and one of dx hold fewer than 2**31 elements. A pixel
     tile is I = BLOCK_M/BLOCK_Q images by BLOCK_Q pixels of one phase of each.
     Grid: (cdiv(B, I) * cdiv(PR*PC, BLOCK_Q), cdiv(C_IN, BLOCK_N), STRIDE_H*STRIDE_W), with
@@ -109,24 +116,29 @@ def conv2d_gemm_cl_dx(
             acc = tl.dot(dy_tile, w_tile, acc, input_precision="tf32")
         else:
             acc = tl.dot(dy_tile, w_tile, acc, input_precision="ieee")
-    if STRIDE_H * STRIDE_W == 1:
-        pixel_offset = q  # ih*W + iw, written so the compiler sees the pixels are consecutive
+    if DX_NHWC:
+        pixel_first = ((b.to(tl.int64) * H + ih) * W + iw) * C_IN
+        tl.store(dx + pixel_first[:, None] + c_in[None, :], acc.to(dx.dtype.element_ty),
+                 mask=pixel_ok[:, None] & c_in_ok[None, :])
     else:
-        pixel_offset = ih * W + iw
-    tl.store(
-        dx + (c_in.to(tl.int64) * H * W)[:, None] + (b.to(tl.int64) * C_IN * H * W + pixel_offset)[None, :],
-        tl.trans(acc).to(dx.dtype.element_ty),
-        mask=c_in_ok[:, None] & pixel_ok[None, :],
-    )
+        if STRIDE_H * STRIDE_W == 1:
+            pixel_offset = q  # ih*W + iw, written so the compiler sees the pixels are consecutive
+        else:
+            pixel_offset = ih * W + iw
+        tl.store(
+            dx + (c_in.to(tl.int64) * H * W)[:, None] + (b.to(tl.int64) * C_IN * H * W + pixel_offset)[None, :],
+            tl.trans(acc).to(dx.dtype.element_ty),
+            mask=c_in_ok[:, None] & pixel_ok[None, :],
+        )
 
 
 Conv2dGemmClDx = kernel_object(
     conv2d_gemm_cl_dx,
     helpers=(phase_taps,),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, True, True, 128, 64, 64, 128),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, True, True, False, 128, 64, 64, 128),
     entry=conv2d_gemm_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
-    flags=("TF32", "W_COUT_INNER"),
+    flags=("TF32", "W_COUT_INNER", "DX_NHWC"),
     num_warps=4,
     num_stages=3,
 )
