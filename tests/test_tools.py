@@ -20,3 +20,23 @@ def test_tuning_table_reads_the_tuners_log():
         "   0 64,64,64,4,3,30                   77.8 us",
         "  *1 64,64,64,8,3,30                   72.8 us",
     ]
+
+
+def test_step_profile_groups_kernels_by_name():
+    group_of = _tool("resnet_step_profile").group_of
+    assert group_of("batch_norm2d_train_backward_dx_entry_point") == "batch norm"
+    assert group_of("conv2d_gemm_cl_dx_entry_point") == "conv dx"
+    assert group_of("conv2d_pointwise_dw_entry_point") == "conv dw"
+    assert group_of("sm90_xmma_wgrad_indexed_implicit_gemm_bf16bf16") == "conv dw"
+    assert group_of("void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16>") == "layout copy"
+    assert group_of("conv2d_gemm_cl_forward_entry_point") == "conv fwd"
+    assert group_of("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add>") == "other"
+
+
+def test_bn_sweep_configs_start_with_the_tuners_and_fit_their_warps():
+    tool = _tool("bn_grouped_sweep")
+    found = tool.configs(32, 2048, 49, 4)
+    tuners = tool.bn.grouped_candidates(32, 2048, 49, 4, tool.batch_norm_plan(32, 2048, 49, element_size=4).channels)
+    assert found[:len(tuners)] == tuners
+    assert len(found) == len(set(found)) > 10
+    assert all(c.block_m * c.block_n // c.num_warps >= 64 for c in found[len(tuners):])
