@@ -7,13 +7,12 @@ torch's F.conv2d, forward + backward, per bench layer (torch.profiler, mean of 5
 Both sides run in the same process on the same inputs (those of `nnkernels.bench.conv2d`), in
 bf16 and in fp32 with TF32; the eight largest kernels of each are printed with their µs.
 """
-import collections
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import nnkernels
+from nnkernels.bench import harness
 from nnkernels.bench.conv2d import SUITE, _tensors
 from nnkernels.bench.resnet50_convs import RESNET50
 
@@ -29,18 +28,7 @@ def kernel_times(layer, dtype, conv):
     def step():
         conv(x, w, None, layer.stride, layer.padding, 1, layer.groups).backward(dy)
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(STEPS):
-            step()
-        torch.cuda.synchronize()
-    totals = collections.Counter()
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name[:70]] += event.device_time / STEPS
-    return totals
+    return harness.kernel_times(step, STEPS, name_length=70)
 
 
 def main(names=None):

@@ -15,8 +15,8 @@ import copy
 import re
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
+from nnkernels.bench import harness
 from nnkernels.bench.resnet50_step import IMAGE_SIZE, NUM_CLASSES, make_step
 
 STEPS = 3
@@ -38,21 +38,6 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def kernel_times(step):
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(STEPS):
-            step()
-        torch.cuda.synchronize()
-    totals = collections.Counter()
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name[:90]] += event.device_time / STEPS
-    return totals
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
@@ -67,7 +52,7 @@ def main():
     images = torch.randn(args.batch, 3, IMAGE_SIZE, IMAGE_SIZE, device="cuda")
     labels = torch.randint(0, NUM_CLASSES, (args.batch,), device="cuda")
     for side, model in (("ours", ours), ("torch", reference)):
-        totals = kernel_times(make_step(model, images, labels))
+        totals = harness.kernel_times(make_step(model, images, labels), STEPS)
         groups = collections.Counter()
         for name, us in totals.items():
             groups[group_of(name)] += us

@@ -6,6 +6,7 @@ same process, one after the other, on the same inputs.
 """
 from __future__ import annotations
 
+import collections
 import csv
 import datetime
 import math
@@ -66,6 +67,25 @@ def time_ms(fn, *, graph: bool = True) -> float:
     else:
         run = fn
     return triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
+
+
+def kernel_times(step, steps: int = 5, name_length: int = 90) -> collections.Counter:
+    """{kernel name (cut to `name_length`): mean µs of GPU time per call of `step`}, from
+    torch.profiler over `steps` calls after three warm-up calls: where a call's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    totals = collections.Counter()
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name[:name_length]] += event.device_time / steps
+    return totals
 
 
 def geomean(values) -> float:
