@@ -212,7 +212,7 @@ class _Problem:
         # A strided dx kernel writes each phase's pixels, STRIDE_W apart: into NHWC, where a pixel's
         # channels are one run, and transposed after (see `Conv2dGemmClDx`); 3 channels (the stem)
         # would not make a run.
-        self.dx_nhwc = (self.dx_channels_last and tuple(stride) != (1, 1)
+        self.dx_nhwc = (self.dx_channels_last and self.stride != (1, 1)
                         and self.C_IN % CHANNELS_LAST_MULTIPLE == 0)
         # dx pixels of one stride phase of one image (the gather-form dx kernels' unit of work)
         self.pixels_per_phase = -(-self.H // stride[0]) * -(-self.W // stride[1])
@@ -309,7 +309,8 @@ class _Problem:
         return subsample(x, self.stride) if self.subsampled else x
 
     def pointwise_dx(self, device):
-        """The 1x1 dx kernel's output: dx itself, or dx at the stride lattice's pixels when strided."""
+        """A buffer for the 1x1 dx kernel: [B, C_IN, OH, OW], dx's shape when unstrided, dx's pixels on
+        the stride lattice when strided (`subsample_backward` then spreads them)."""
         return torch.empty(self.B, self.C_IN, self.OH, self.OW, dtype=self.dtype, device=device)
 
     def pointwise_candidates(self, for_dx=False):

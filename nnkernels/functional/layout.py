@@ -18,15 +18,15 @@ from ..ops.subsample import Subsample2dBackward, Subsample2dForward, subsample_t
 _log = logging.getLogger("nnkernels")
 
 
-def _check(t):
+def _check(t, name="t"):
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"t: expected a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dim() != 4:
-        raise ValueError(f"t: expected a 4-D tensor, got shape {tuple(t.shape)}")
+        raise ValueError(f"{name}: expected a 4-D tensor, got shape {tuple(t.shape)}")
     if t.dtype not in DTYPE_NAMES:
-        raise TypeError(f"t: expected dtype torch.float32, torch.float16 or torch.bfloat16, got {t.dtype}")
+        raise TypeError(f"{name}: expected dtype torch.float32, torch.float16 or torch.bfloat16, got {t.dtype}")
     if not t.is_contiguous():
-        raise ValueError(f"t: expected a contiguous tensor, got strides {tuple(t.stride())}")
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(t.stride())}")
 
 
 def _transpose(t, shape, rows, cols):
@@ -78,7 +78,7 @@ def subsample(t, stride):
 def subsample_backward(grad, shape, stride):
     """The gradient of `subsample` for an input of `shape`: `grad` at every stride-th pixel, zeros
     elsewhere, by `Subsample2dBackward`, which writes every element once."""
-    _check(grad)
+    _check(grad, "grad")
     n, c, h, w = shape
     x = torch.empty(shape, dtype=grad.dtype, device=grad.device)
     if x.numel():

@@ -28,15 +28,24 @@ def subsample_tiles(plane):
     return TILE_ELEMENTS // block_p, block_p
 
 
-def subsample_entry(k, a):
-    """Grid (cdiv(ROWS, BLOCK_R), cdiv(plane, BLOCK_P)); the plane is OH*OW forward, H*W backward."""
+def _check_sizes(k, a):
     for name, out, size, stride in (("OH", a.OH, a.H, k.stride_h), ("OW", a.OW, a.W, k.stride_w)):
         if out != cdiv(size, stride):
             raise ValueError(f"{name}: expected cdiv({name[1]}, stride) = {cdiv(size, stride)}, got {out}")
     check_numel("x", a.x, a.ROWS * a.H * a.W, "ROWS*H*W")
     check_numel("y", a.y, a.ROWS * a.OH * a.OW, "ROWS*OH*OW")
-    plane = a.OH * a.OW if k.name == "subsample2d_forward" else a.H * a.W
-    return check_grid_3d(cdiv(a.ROWS, k.block_r), cdiv(plane, k.block_p), 1)
+
+
+def subsample_forward_entry(k, a):
+    """Grid (cdiv(ROWS, BLOCK_R), cdiv(OH*OW, BLOCK_P)) for `Subsample2dForward`."""
+    _check_sizes(k, a)
+    return check_grid_3d(cdiv(a.ROWS, k.block_r), cdiv(a.OH * a.OW, k.block_p), 1)
+
+
+def subsample_backward_entry(k, a):
+    """Grid (cdiv(ROWS, BLOCK_R), cdiv(H*W, BLOCK_P)) for `Subsample2dBackward`."""
+    _check_sizes(k, a)
+    return check_grid_3d(cdiv(a.ROWS, k.block_r), cdiv(a.H * a.W, k.block_p), 1)
 
 
 @triton.jit
@@ -85,5 +94,7 @@ def subsample2d_backward(
     tl.store(x + (r.to(tl.int64) * H * W)[:, None] + p[None, :], values, mask=inside)
 
 
-Subsample2dForward = kernel_object(subsample2d_forward, example=(2, 2, 8, 512), entry=subsample_entry, num_warps=4)
-Subsample2dBackward = kernel_object(subsample2d_backward, example=(2, 2, 8, 512), entry=subsample_entry, num_warps=4)
+Subsample2dForward = kernel_object(subsample2d_forward, example=(2, 2, 8, 512), entry=subsample_forward_entry,
+                                   num_warps=4)
+Subsample2dBackward = kernel_object(subsample2d_backward, example=(2, 2, 8, 512), entry=subsample_backward_entry,
+                                    num_warps=4)
