@@ -55,15 +55,19 @@ BN_SPLIT = ("BatchNorm2dPartialStats", "BatchNorm2dTrainNormalize", "BatchNorm2d
             "BatchNorm2dTrainBackwardDx", "BatchNorm2dUpdateRunningStats")
 
 CASES = {
-    # conv2d: implicit GEMM on channels-last copies (dx whenever C_OUT is a multiple of 16), on NCHW
-    # (channels not multiples of 16, or groups), 1x1 as a matrix product, depthwise; dw split into fp32 partials.
+    # conv2d: implicit GEMM on channels-last copies (dx whenever C_OUT is a multiple of 16; strided, written
+    # channels-last and transposed), on NCHW (channels not multiples of 16, or groups), 1x1 as a matrix product
+    # (strided: of the subsampled input), depthwise; dw split into fp32 partials.
     "conv2d-cl-fp32": Case("conv2d", dict(x=(8, 32, 28, 28), w=(64, 32, 3, 3)), dict(x=(1, 16, 4, 4), w=(16, 16, 3, 3)),
                            CONV_CL, dict(padding=1, bias=True)),
     "conv2d-1x1-strided-fp16": Case("conv2d", dict(x=(16, 64, 56, 56), w=(128, 64, 1, 1)),
                                     dict(x=(1, 16, 4, 4), w=(16, 16, 1, 1)),
-                                    ("ChannelsLastCopy", "Conv2dGemmForward", "Conv2dGemmClDx", "Conv2dGemmClDw",
-                                     "Conv2dDwReduce"),
+                                    ("Subsample2dForward", "Conv2dPointwise", "Subsample2dBackward",
+                                     "Conv2dPointwiseDw", "Conv2dDwReduce"),
                                     dict(stride=2), torch.float16),
+    "conv2d-cl-strided-dx-nhwc-bf16": Case("conv2d", dict(x=(8, 32, 28, 28), w=(64, 32, 3, 3)),
+                                           dict(x=(1, 16, 5, 5), w=(16, 16, 3, 3)), CONV_CL,
+                                           dict(stride=2, padding=1), torch.bfloat16),
     "conv2d-pointwise-bf16": Case("conv2d", dict(x=(16, 64, 28, 28), w=(128, 64, 1, 1)),
                                   dict(x=(2, 24, 5, 7), w=(40, 24, 1, 1)),
                                   ("Conv2dPointwise", "Conv2dPointwiseDw", "Conv2dDwReduce"),

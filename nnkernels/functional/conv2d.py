@@ -29,6 +29,7 @@ from ..ops.conv2d_gemm_dx import Conv2dGemmDx
 from ..ops.conv2d_gemm_forward import Conv2dGemmForward
 from ..ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw
 from ..ops.layout import ChannelsLastCopy
+from ..ops.subsample import Subsample2dBackward, Subsample2dForward
 from .layout import channels_first, channels_last, subsample, subsample_backward
 
 # The kernel classes this op launches (what `nnkernels list` shows against conv2d).
@@ -46,6 +47,8 @@ KERNELS = (
     Conv2dDepthwiseDx,
     Conv2dDepthwiseDw,
     ChannelsLastCopy,
+    Subsample2dForward,
+    Subsample2dBackward,
 )
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CHANNELS_LAST_MULTIPLE = 16
