@@ -58,7 +58,8 @@ def test_launch_refuses_wrong_sizes_and_writes_nothing():
     y = poisoned(2, 3, 4, 5)
     kernel = Subsample2dForward(2, 2, 8, 64)
     for args, message in [((x, y, 6, 7, 9, 3, 5), r"^OH: expected cdiv\(H, stride\) = 4, got 3"),
-                          ((x, poisoned(2, 3, 4, 4), 6, 7, 9, 4, 5), r"^y: expected ROWS\*OH\*OW = 120 elements, got 96"),
+                          ((x, poisoned(2, 3, 4, 4), 6, 7, 9, 4, 5),
+                           r"^y: expected ROWS\*OH\*OW = 120 elements, got 96"),
                           ((x, y, 5, 7, 9, 4, 5), r"^x: expected ROWS\*H\*W = 315 elements, got 378")]:
         with pytest.raises(ValueError, match=message):
             kernel.launch(*args)
