@@ -97,6 +97,21 @@ def window_divisor(h0, w0, H, W, KH: tl.constexpr, KW: tl.constexpr, PAD_H: tl.c
 
 
 @triton.jit
+def window_means(sums, h0, w0, H, W, KH: tl.constexpr, KW: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+                 COUNT_INCLUDE_PAD: tl.constexpr, DIVISOR_OVERRIDE: tl.constexpr, UNIFORM: tl.constexpr):
+    """Window sums [R, C] (windows at rows h0 [R], columns w0 [C]) over their divisors: DIVISOR_OVERRIDE,
+    KH*KW when UNIFORM, else `window_divisor`. A constant divisor is a multiply by its reciprocal
+    (div.full.f32 costs several instructions per output); the result is within an ulp of the quotient."""
+    if DIVISOR_OVERRIDE > 0:
+        means = sums * (1.0 / DIVISOR_OVERRIDE)
+    elif UNIFORM:
+        means = sums * (1.0 / (KH * KW))
+    else:
+        means = sums / window_divisor(h0, w0, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD)
+    return means
+
+
+@triton.jit
 def avg_pool2d_gather_forward(
     x, y, P, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
@@ -151,12 +166,7 @@ def avg_pool2d_gather_forward(
                     inside = ih_in[:, None] & (col_in & (iw >= 0) & (iw < W))[None, :]
                 xv = tl.load(x_row[:, None] + iw[None, :], mask=inside, other=0.0)
                 acc += xv.to(tl.float32)
-    if DIVISOR_OVERRIDE > 0:
-        out = acc / DIVISOR_OVERRIDE
-    elif UNIFORM:
-        out = acc / (KH * KW)
-    else:
-        out = acc / window_divisor(h0, w0, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD)
+    out = window_means(acc, h0, w0, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD, DIVISOR_OVERRIDE, UNIFORM)
     y_row = y + tl.multiple_of(rows.to(tl.int64) * OW, ROW_ALIGN)
     tl.store(y_row[:, None] + ow[None, :], out.to(y.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
 
@@ -212,7 +222,7 @@ _OPTIONS = dict(
     entry=avg_pool2d_gather_entry,
     nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE", "X_ALIGN"),
     flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
-    helpers=(window_divisor,),
+    helpers=(window_divisor, window_means),
 )
 AvgPool2dGatherForward = kernel_object(
     avg_pool2d_gather_forward, example=(3, 3, 1, 1, 1, 1, True, 0, True, 8, 0, 32, 64), **_OPTIONS)

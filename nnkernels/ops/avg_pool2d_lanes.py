@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..kernel import INT32_MAX, kernel_object
-from .avg_pool2d_gather import pooled_size, row_align, uniform_divisor, window_divisor
+from .avg_pool2d_gather import pooled_size, row_align, uniform_divisor, window_divisor, window_means
 from .checks import check_grid, check_numel
 from .host_math import cdiv
 
@@ -207,6 +207,18 @@ def _row_lanes(src_row, row_ok, first_group, n_cols, SRC: tl.constexpr, VEC: tl.
 
 
 @triton.jit
+def _lanes_tile(columns, rows_per_plane, P, LANES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr):
+    """This program's tile of rows r = plane*rows_per_plane + index over P planes (row tiles outer,
+    tiles of BLOCK_G groups of LANES of the `columns` inner): (rows, first group, plane, index,
+    whether the row exists)."""
+    pid = tl.program_id(0)
+    num_group_tiles = tl.cdiv(tl.cdiv(columns, LANES), BLOCK_G)
+    rows = (pid // num_group_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
+    plane = rows // rows_per_plane
+    return rows, (pid % num_group_tiles) * BLOCK_G, plane, rows - plane * rows_per_plane, rows < P * rows_per_plane
+
+
+@triton.jit
 def _lane(left, main, right, d: tl.constexpr, SRC: tl.constexpr):
     """Source lane d of a group, d in [-SRC, 2*SRC): from the left neighbour, the group, the right one."""
     if d < 0:
@@ -236,13 +248,7 @@ def avg_pool2d_lanes_forward(
     every y is written. Contract (`forward_lane_widths`): SRC a power of two <= 8 dividing W.
     """
     SRC: tl.constexpr = LANES * STRIDE_W
-    pid = tl.program_id(0)
-    num_group_tiles = tl.cdiv(tl.cdiv(OW, LANES), BLOCK_G)
-    rows = (pid // num_group_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
-    first_group = (pid % num_group_tiles) * BLOCK_G
-    plane = rows // OH
-    oh = rows - plane * OH
-    row_in = rows < P * OH
+    rows, first_group, plane, oh, row_in = _lanes_tile(OW, OH, P, LANES, BLOCK_R, BLOCK_G)
     h0 = oh * STRIDE_H - PAD_H
     zeros = tl.zeros([BLOCK_R, BLOCK_G], dtype=tl.float32)
     main = (zeros, zeros, zeros, zeros, zeros, zeros, zeros, zeros)
@@ -268,14 +274,8 @@ def avg_pool2d_lanes_forward(
         out = out + (s,)
     acc = _join_lanes(out, BLOCK_R, BLOCK_G, LANES)
     ow = first_group * LANES + tl.arange(0, BLOCK_G * LANES)
-    # A constant divisor is a multiply by its reciprocal (div.full.f32 costs several instructions
-    # per output); the result is within an ulp of the quotient.
-    if DIVISOR_OVERRIDE > 0:
-        acc = acc * (1.0 / DIVISOR_OVERRIDE)
-    elif UNIFORM:
-        acc = acc * (1.0 / (KH * KW))
-    else:
-        acc = acc / window_divisor(h0, ow * STRIDE_W - PAD_W, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD)
+    acc = window_means(acc, h0, ow * STRIDE_W - PAD_W, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD,
+                       DIVISOR_OVERRIDE, UNIFORM)
     y_row = y + tl.multiple_of(rows.to(tl.int64) * OW, ROW_ALIGN)
     col_in = (ow // ROW_ALIGN) < (OW // ROW_ALIGN)
     tl.store(y_row[:, None] + ow[None, :], acc.to(y.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
@@ -301,13 +301,7 @@ def avg_pool2d_lanes_backward(
     [-SRC, 2*SRC). SRC_VEC: dy rows are vector-loaded (OW % SRC == 0). Every dx is written.
     """
     SRC: tl.constexpr = LANES // STRIDE_W
-    pid = tl.program_id(0)
-    num_group_tiles = tl.cdiv(tl.cdiv(W, LANES), BLOCK_G)
-    rows = (pid // num_group_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
-    first_group = (pid % num_group_tiles) * BLOCK_G
-    plane = rows // H
-    ih = rows - plane * H
-    row_in = rows < P * H
+    rows, first_group, plane, ih, row_in = _lanes_tile(W, H, P, LANES, BLOCK_R, BLOCK_G)
     zeros = tl.zeros([BLOCK_R, BLOCK_G], dtype=tl.float32)
     main = (zeros, zeros, zeros, zeros, zeros, zeros, zeros, zeros)
     left = main
@@ -344,7 +338,7 @@ def avg_pool2d_lanes_backward(
     tl.store(dx_row[:, None] + iw[None, :], acc.to(dx.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
 
 
-_HELPERS = (_split_lanes, _join_lanes, _add_lanes, _row_lanes, _lane, window_divisor)
+_HELPERS = (_lanes_tile, _split_lanes, _join_lanes, _add_lanes, _row_lanes, _lane, window_means, window_divisor)
 _OPTIONS = dict(
     entry=avg_pool2d_lanes_entry,
     nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"),
