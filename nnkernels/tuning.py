@@ -33,6 +33,9 @@ TUNING_BUDGET_S = 2.0
 # Above the H200's boost clock, so the GPU's sleep in `_time_ms` lasts at least as long as asked.
 GPU_CYCLES_PER_S = 2.0e9
 QUICK_CANDIDATES = 3
+DEPTHWISE_LANES = 128  # (plane, column) pairs of a depthwise program on the GPU: one per thread of 4 warps
+DEPTHWISE_BAND = 16  # most rows of a depthwise program's band
+DEPTHWISE_DW_SPLIT = 1024
 _log = logging.getLogger("nnkernels")
 _lock = threading.Lock()
 _memory: dict | None = None
@@ -230,15 +233,46 @@ def dw_candidates(m: int, n: int, pixels: int, groups: int, dtype: torch.dtype) 
     return list(dict.fromkeys(configs))
 
 
-def depthwise_config(batch: int, channels: int, pixels: int) -> Config:
-    """Depthwise kernels (memory-bound, heuristic only): `block_m` pixels per forward/dx program;
-    for dw, `block_n` pixels per step (its tile holds all taps, so it is smaller) and `split`:
-    one image per program (partial rows are only C*(KH*KW+1) floats each), so there are B*C
-    short programs to hide memory latency with, not C long ones."""
+@dataclass(frozen=True)
+class DepthwiseTile:
+    """What one program of the depthwise kernels takes: `planes` planes, a band of `rows` rows and
+    `block_w` columns of each, with `num_warps` warps."""
+
+    planes: int
+    rows: int
+    block_w: int
+    num_warps: int
+
+
+def depthwise_tile(planes: int, rows: int, cols: int, row_step: int = 1, channels: int | None = None) -> DepthwiseTile:
+    """The depthwise kernels' tile over `planes` planes of `rows` x `cols` pixels (heuristic only:
+    they are memory-bound). Up to 64 columns (a row is one run of addresses), then planes to make
+    DEPTHWISE_LANES (plane, column) pairs, one per thread. Bands of up to DEPTHWISE_BAND rows, as
+    even as the plane allows and a multiple of `row_step` (dx's stride): a band's input rows are
+    loaded once and feed every output row that reads them, so long bands load less. Bands are
+    halved while there would be fewer than two programs per SM (small problems want parallelism).
+    `channels`: a program's planes are channels of one image (dw's), so no more than that many."""
+    lanes = 4096 if INTERPRETED else DEPTHWISE_LANES
+    block_w = _clamp_pow2(cols, 1, 64)
+    planes_per_program = _clamp_pow2(min(planes, channels or planes), 1, max(1, lanes // block_w))
+    tiles = -(-planes // planes_per_program) * -(-cols // block_w)
+    longest = DEPTHWISE_BAND
+    while longest > 2 * row_step and tiles * -(-rows // longest) < 2 * _num_sms():
+        longest //= 2
+    bands = -(-rows // max(longest, row_step))
+    band = -(-rows // bands)
+    band = -(-band // row_step) * row_step
+    return DepthwiseTile(planes_per_program, band, block_w, max(1, min(4, planes_per_program * block_w // 32)))
+
+
+def depthwise_dw_split(batch: int, tile: DepthwiseTile, rows: int, cols: int) -> int:
+    """Slices of the depthwise dw's work items (image, band, column tile): each item's own slice, up to
+    DEPTHWISE_DW_SPLIT slices, so there are many short programs to hide memory latency with while the
+    fp32 partial rows (C*(KH*KW+1) floats each) stay small next to dy."""
     if INTERPRETED:
-        return Config(_clamp_pow2(pixels, 16, 4096), _clamp_pow2(pixels, 16, 4096), 1, 4, 1, 1)
-    split = min(batch, GRID_AXIS_MAX)  # the split is grid axis 1; a program then takes every split-th image
-    return Config(_clamp_pow2(pixels, 64, 1024), _clamp_pow2(pixels, 64, 256), 1, 4, 2, split)
+        return 1
+    items = batch * -(-rows // tile.rows) * -(-cols // tile.block_w)
+    return min(items, DEPTHWISE_DW_SPLIT)
 
 
 def peek(kind: str, key, candidates: list[Config]) -> Config:

@@ -280,29 +280,38 @@ class _Problem:
         return tuning.dw_candidates(self.C_OUT // self.groups, self.cin_per_group * self.KH * self.KW,
                                     self.B * self.OH * self.OW, self.groups, self.dtype)
 
-    def depthwise_config(self):
-        return tuning.depthwise_config(self.B, self.C_IN, self.OH * self.OW)
+    def _depthwise_kernel(self, kernel_class, flags, tile):
+        return _kernel(kernel_class, self.geometry + flags + (tile.planes, tile.rows, tile.block_w), self.dtype,
+                       tile.num_warps, 1)
+
+    def depthwise_forward_kernel(self):
+        tile = tuning.depthwise_tile(self.B * self.C_IN, self.OH, self.OW)
+        return self._depthwise_kernel(Conv2dDepthwiseForward, (self.has_bias,), tile)
+
+    def depthwise_dx_kernel(self):
+        tile = tuning.depthwise_tile(self.B * self.C_IN, self.H, self.W, row_step=self.stride[0])
+        return self._depthwise_kernel(Conv2dDepthwiseDx, (), tile)
+
+    def depthwise_dw_tile(self):
+        return tuning.depthwise_tile(self.B * self.C_IN, self.OH, self.OW, channels=self.C_IN)
+
+    def depthwise_dw_split(self):
+        return tuning.depthwise_dw_split(self.B, self.depthwise_dw_tile(), self.OH, self.OW)
+
+    def depthwise_dw_kernel(self, with_bias):
+        taps = tuning.pow2_at_least(self.KH * self.KW + 1)  # a column for the bias
+        return self._depthwise_kernel(Conv2dDepthwiseDw, (with_bias, taps), self.depthwise_dw_tile())
 
     def forward_kernel(self, config):
-        if self.depthwise:
-            return _kernel(Conv2dDepthwiseForward, self.geometry + (self.has_bias, config.block_m), self.dtype,
-                           config.num_warps, config.num_stages)
         constants = self.geometry + (self.groups, self.has_bias, self.tf32, config.block_m, config.block_n,
                                      config.block_k)
         return _kernel(Conv2dGemmForward, constants, self.dtype, config.num_warps, config.num_stages)
 
     def dx_kernel(self, config):
-        if self.depthwise:
-            return _kernel(Conv2dDepthwiseDx, self.geometry + (config.block_m,), self.dtype, config.num_warps,
-                           config.num_stages)
         constants = self.geometry + (self.groups, self.tf32, config.block_m, config.block_n, config.block_k)
         return _kernel(Conv2dGemmDx, constants, self.dtype, config.num_warps, config.num_stages)
 
     def dw_kernel(self, config, with_bias):
-        if self.depthwise:
-            taps = tuning.pow2_at_least(self.KH * self.KW)
-            return _kernel(Conv2dDepthwiseDw, self.geometry + (with_bias, taps, config.block_n), self.dtype,
-                           config.num_warps, config.num_stages)
         constants = self.geometry + (self.groups, with_bias, self.tf32, config.block_m, config.block_n,
                                      config.block_k)
         return _kernel(Conv2dGemmDw, constants, self.dtype, config.num_warps, config.num_stages)
@@ -343,10 +352,9 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
     problem = _Problem(x_shape, weight_shape, _pair(stride, "stride"), _pair(padding, "padding"),
                        _pair(dilation, "dilation"), groups, dtype, bias)
     if problem.depthwise:
-        config = problem.depthwise_config()
-        kernels = [problem.forward_kernel(config)]
+        kernels = [problem.depthwise_forward_kernel()]
         if backward:
-            kernels += [problem.dx_kernel(config), problem.dw_kernel(config, bias), problem.reduce_kernel(bias)]
+            kernels += [problem.depthwise_dx_kernel(), problem.depthwise_dw_kernel(bias), problem.reduce_kernel(bias)]
         return [k.id for k in kernels]
     if problem.pointwise:
         kernels = [problem.pointwise_kernel(tuning.peek("conv2d_pointwise", problem.key, problem.pointwise_candidates()))]
@@ -449,7 +457,7 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
     y = torch.empty(problem.B, problem.C_OUT, problem.OH, problem.OW, dtype=x.dtype, device=x.device)
     bias_arg = bias if bias is not None else y  # not read when HAS_BIAS is False
     if problem.depthwise:
-        _launch(problem.forward_kernel(problem.depthwise_config()), x, weight, bias_arg, y, *problem.launch_sizes)
+        _launch(problem.depthwise_forward_kernel(), x, weight, bias_arg, y, *problem.launch_sizes)
         return y
     if problem.pointwise:
         x_in = problem.pointwise_input(x)
@@ -491,7 +499,7 @@ def _dx(grad_y, weight, problem, device, grad_y_cl=None):
         return channels_first(written) if problem.dx_nhwc else written
     dx = torch.empty(shape, dtype=problem.dtype, device=device)
     if problem.depthwise:
-        _launch(problem.dx_kernel(problem.depthwise_config()), grad_y, weight, dx, *problem.launch_sizes)
+        _launch(problem.depthwise_dx_kernel(), grad_y, weight, dx, *problem.launch_sizes)
         return dx
     if problem.pointwise:
         weight_t = weight.reshape(problem.C_OUT, problem.C_IN).t().contiguous()  # [C_IN, C_OUT]: tiny
@@ -548,7 +556,9 @@ def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None):
 
         run_cl(tuning.choose("conv2d_cl_dw", problem.key + (with_bias,), problem.cl_dw_candidates(), run_cl))
     elif problem.depthwise:
-        run(problem.depthwise_config())
+        partial = torch.empty(problem.depthwise_dw_split(), row, dtype=torch.float32, device=x.device)
+        _launch(problem.depthwise_dw_kernel(with_bias), grad_y, x, partial, *problem.launch_sizes, len(partial))
+        _launch(reduce, partial, dw, dbias if with_bias else dw, len(partial), n_dw, problem.C_OUT)
     else:
         run(tuning.choose("conv2d_dw", problem.key + (with_bias,), problem.dw_candidates(), run))
     return dw, dbias

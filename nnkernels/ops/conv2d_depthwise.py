@@ -2,9 +2,12 @@
 
 With one input channel per output channel the GEMM has K = KH*KW and N = 1, so tensor cores
 would idle; the work is memory-bound and a direct stencil over each plane is the right shape.
-dx is gathered (no atomics); dw is split over the batch into fp32 partial rows that
-`Conv2dDwReduce` adds in a fixed order, so both are bitwise reproducible.
-"""
+What bounds such a stencil on the GPU is instructions per pixel, not bytes: each program takes a
+band of rows of a few planes, unrolled, and loads each input row once per kw for every output row
+that reads it (3x3, 14-row bands: 3.4 loads per output pixel, not 9); masks and addresses come
+from a column vector and a row scalar, never a division per pixel.
+dx is gathered (no atomics); dw is split over its work items into fp32 partial rows that
+`Conv2dDwReduce` adds in a fixed order, so both are bitwise reproducible."""
 import torch
 import triton
 import triton.language as tl
@@ -24,29 +27,41 @@ def _depthwise_sizes(a):
 
 
 def conv2d_depthwise_forward_entry(k, a):
-    """Grid (B*C, cdiv(OH*OW, BLOCK)) for `Conv2dDepthwiseForward`."""
+    """Grid (cdiv(B*C, PLANES), cdiv(OH, ROWS), cdiv(OW, BLOCK_W)) for `Conv2dDepthwiseForward`."""
     check_conv_launch(k, _depthwise_sizes(a), a.C)
     if k.has_bias:
         check_numel("bias", a.bias, a.C, "C")
-    return check_grid_3d(a.B * a.C, cdiv(a.OH * a.OW, k.block), 1)
+    return check_grid_3d(cdiv(a.B * a.C, k.planes), cdiv(a.OH, k.rows), cdiv(a.OW, k.block_w))
 
 
 def conv2d_depthwise_dx_entry(k, a):
-    """Grid (B*C, cdiv(H*W, BLOCK)) for `Conv2dDepthwiseDx`."""
+    """Grid (cdiv(B*C, PLANES), cdiv(H, ROWS), cdiv(W, BLOCK_W)) for `Conv2dDepthwiseDx`."""
     check_conv_launch(k, _depthwise_sizes(a), a.C)
-    return check_grid_3d(a.B * a.C, cdiv(a.H * a.W, k.block), 1)
+    if k.rows % k.stride_h:
+        raise ValueError(f"rows: expected a multiple of stride_h = {k.stride_h}, got {k.rows}")
+    return check_grid_3d(cdiv(a.B * a.C, k.planes), cdiv(a.H, k.rows), cdiv(a.W, k.block_w))
 
 
 def conv2d_depthwise_dw_entry(k, a):
-    """Grid (C, SPLIT) for `Conv2dDepthwiseDw`."""
+    """Grid (cdiv(C, PLANES), SPLIT) for `Conv2dDepthwiseDw`."""
     check_conv_launch(k, _depthwise_sizes(a), a.C)
-    if k.block_taps < k.kh * k.kw:
-        raise ValueError(f"block_taps: expected at least kh*kw = {k.kh * k.kw}, got {k.block_taps}")
-    if a.SPLIT > a.B:
-        raise ValueError(f"SPLIT: expected at most B = {a.B} slices of the batch, got {a.SPLIT}")
+    if k.block_taps <= k.kh * k.kw:
+        raise ValueError(f"block_taps: expected more than kh*kw = {k.kh * k.kw} (a column for the bias), "
+                         f"got {k.block_taps}")
+    items = a.B * cdiv(a.OH, k.rows) * cdiv(a.OW, k.block_w)
+    if a.SPLIT > items:
+        raise ValueError(f"SPLIT: expected at most the {items} work items B*cdiv(OH, ROWS)*cdiv(OW, BLOCK_W), "
+                         f"got {a.SPLIT}")
     row = dw_partial_size(a.C, 1, k.kh, k.kw, k.has_bias)
     check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C*KH*KW [+ C with HAS_BIAS])")
-    return check_grid_3d(a.C, a.SPLIT, 1)
+    return check_grid_3d(cdiv(a.C, k.planes), a.SPLIT, 1)
+
+
+@triton.jit
+def _where_row(mask, row_ok):
+    """`mask & row_ok` for one row's scalar `row_ok` (Triton's interpreter cannot AND a scalar into a
+    tensor mask; compiled, the select is that AND)."""
+    return tl.where(row_ok, mask, False)
 
 
 @triton.jit
@@ -54,34 +69,54 @@ def conv2d_depthwise_forward(
     x, w, bias, y, B, C, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PLANES: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    """Depthwise 2-D convolution forward, direct.
+    """Depthwise 2-D convolution forward, direct, a band of rows per program.
 
-    Grid: (B*C, cdiv(OH*OW, BLOCK)). Program (b*C + c, t) writes y[b, c, oh, ow] for the BLOCK
-    pixels oh*OW + ow of tile t:
-        y = bias[c] + sum over (kh, kw) of w[c, 0, kh, kw] * x[b, c, oh*STRIDE_H - PAD_H + kh*DIL_H,
-                                                              ow*STRIDE_W - PAD_W + kw*DIL_W],
+    Grid: (cdiv(B*C, PLANES), cdiv(OH, ROWS), cdiv(OW, BLOCK_W)). Program (p, i, j) writes output rows
+    oh = i*ROWS, ..., i*ROWS + ROWS-1 (those < OH), columns j*BLOCK_W, ... (those < OW), of the PLANES
+    planes b*C + c = p*PLANES, ...:
+        y[b, c, oh, ow] = bias[c] + sum over (kh, kw) of w[c, 0, kh, kw]
+                          * x[b, c, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W],
     x read as 0 outside the image, fp32 accumulation, y rounded once; bias read only when HAS_BIAS.
+    Each input row the band reads is loaded once per kw and feeds every (output row, kh) that reads
+    it: (ROWS-1)*STRIDE_H + (KH-1)*DIL_H + 1 rows instead of ROWS*KH.
     """
-    plane = tl.program_id(0)
+    plane = tl.program_id(0) * PLANES + tl.arange(0, PLANES)
+    plane_ok = plane < B * C
     c = plane % C
-    pixel = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    pixel_ok = pixel < OH * OW
-    ih_first = (pixel // OW) * STRIDE_H - PAD_H
-    iw_first = (pixel % OW) * STRIDE_W - PAD_W
-    x_plane = x + plane.to(tl.int64) * H * W
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for kh in tl.static_range(KH):
+    oh_first = tl.program_id(1) * ROWS
+    ow = tl.program_id(2) * BLOCK_W + tl.arange(0, BLOCK_W)
+    iw_first = ow * STRIDE_W - PAD_W
+    ih_first = oh_first * STRIDE_H - PAD_H
+    x_row_0 = x + plane.to(tl.int64)[:, None] * H * W + iw_first[None, :]
+    taps = ()
+    for tap in tl.static_range(KH * KW):
+        taps = taps + (tl.load(w + c * KH * KW + tap, mask=plane_ok, other=0.0).to(tl.float32)[:, None],)
+    acc = ()
+    for r in tl.static_range(ROWS):
+        acc = acc + (tl.zeros([PLANES, BLOCK_W], dtype=tl.float32),)
+    for t in tl.static_range((ROWS - 1) * STRIDE_H + (KH - 1) * DIL_H + 1):
+        ih = ih_first + t
+        row_ok = _where_row(plane_ok[:, None], (ih >= 0) & (ih < H))
         for kw in tl.static_range(KW):
-            ih = ih_first + kh * DIL_H
             iw = iw_first + kw * DIL_W
-            inside = pixel_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            x_values = tl.load(x_plane + ih * W + iw, mask=inside, other=0.0)
-            acc += x_values.to(tl.float32) * tl.load(w + c * KH * KW + kh * KW + kw).to(tl.float32)
+            inside = row_ok & ((iw >= 0) & (iw < W))[None, :]
+            x_values = tl.load(x_row_0 + ih * W + kw * DIL_W, mask=inside, other=0.0).to(tl.float32)
+            for r in tl.static_range(ROWS):
+                for kh in tl.static_range(KH):
+                    if r * STRIDE_H + kh * DIL_H == t:
+                        acc = acc[:r] + (acc[r] + x_values * taps[kh * KW + kw],) + acc[r + 1:]
     if HAS_BIAS:
-        acc += tl.load(bias + c).to(tl.float32)
-    tl.store(y + plane.to(tl.int64) * OH * OW + pixel, acc.to(y.dtype.element_ty), mask=pixel_ok)
+        bias_values = tl.load(bias + c, mask=plane_ok, other=0.0).to(tl.float32)[:, None]
+    y_row_0 = y + plane.to(tl.int64)[:, None] * OH * OW + ow[None, :]
+    column_ok = plane_ok[:, None] & (ow < OW)[None, :]
+    for r in tl.static_range(ROWS):
+        out = acc[r]
+        if HAS_BIAS:
+            out += bias_values
+        oh = oh_first + r
+        tl.store(y_row_0 + oh * OW, out.to(y.dtype.element_ty), mask=_where_row(column_ok, oh < OH))
 
 
 @triton.jit
@@ -89,38 +124,101 @@ def conv2d_depthwise_dx(
     dy, w, dx, B, C, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    BLOCK: tl.constexpr,
+    PLANES: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    """Depthwise 2-D convolution data gradient, direct gather (no atomics).
+    """Depthwise 2-D convolution data gradient, direct gather (no atomics), a band of rows per program.
 
-    Grid: (B*C, cdiv(H*W, BLOCK)). Program (b*C + c, t) writes dx[b, c, ih, iw] for the BLOCK
-    pixels ih*W + iw of tile t:
-        dx = sum over (kh, kw) of dy[b, c, oh, ow] * w[c, 0, kh, kw],
+    Grid: (cdiv(B*C, PLANES), cdiv(H, ROWS), cdiv(W, BLOCK_W)); ROWS a multiple of STRIDE_H. Program
+    (p, i, j) writes dx rows ih = i*ROWS, ..., i*ROWS + ROWS-1 (those < H), columns j*BLOCK_W, ...
+    (those < W), of the PLANES planes b*C + c = p*PLANES, ...:
+        dx[b, c, ih, iw] = sum over (kh, kw) of dy[b, c, oh, ow] * w[c, 0, kh, kw],
         oh = (ih + PAD_H - kh*DIL_H) / STRIDE_H, ow = (iw + PAD_W - kw*DIL_W) / STRIDE_W,
-    over the taps where both divisions are exact and (oh, ow) lies in dy. fp32 accumulation,
-    dx rounded once; every element of dx is written.
+    over the taps where both divisions are exact and (oh, ow) lies in dy. fp32 accumulation, dx
+    rounded once; every element of dx is written. A band starts on a multiple of STRIDE_H, so which
+    taps meet a dy row is known at compile time, and each dy row is loaded once per kw.
     """
-    plane = tl.program_id(0)
+    plane = tl.program_id(0) * PLANES + tl.arange(0, PLANES)
+    plane_ok = plane < B * C
     c = plane % C
-    pixel = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    pixel_ok = pixel < H * W
-    ih = pixel // W
-    iw = pixel % W
-    dy_plane = dy + plane.to(tl.int64) * OH * OW
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for kh in tl.static_range(KH):
+    ih_first = tl.program_id(1) * ROWS
+    oh_first = ih_first // STRIDE_H
+    iw = tl.program_id(2) * BLOCK_W + tl.arange(0, BLOCK_W)
+    dy_plane = dy + plane.to(tl.int64)[:, None] * OH * OW
+    taps = ()
+    for tap in tl.static_range(KH * KW):
+        taps = taps + (tl.load(w + c * KH * KW + tap, mask=plane_ok, other=0.0).to(tl.float32)[:, None],)
+    acc = ()
+    for r in tl.static_range(ROWS):
+        acc = acc + (tl.zeros([PLANES, BLOCK_W], dtype=tl.float32),)
+    # dy row oh_first + t feeds dx row r through tap kh when r + PAD_H - kh*DIL_H == t*STRIDE_H.
+    for t in tl.static_range((PAD_H - (KH - 1) * DIL_H) // STRIDE_H, (ROWS - 1 + PAD_H) // STRIDE_H + 1):
+        oh = oh_first + t
+        row_ok = _where_row(plane_ok[:, None], (oh >= 0) & (oh < OH))
         for kw in tl.static_range(KW):
-            reach_h = ih + PAD_H - kh * DIL_H
             reach_w = iw + PAD_W - kw * DIL_W
-            oh = reach_h // STRIDE_H
             ow = reach_w // STRIDE_W
-            hit = pixel_ok & (reach_h >= 0) & (reach_w >= 0) & (oh < OH) & (ow < OW)
-            hit = hit & (reach_h % STRIDE_H == 0) & (reach_w % STRIDE_W == 0)
-            dy_values = tl.load(dy_plane + oh * OW + ow, mask=hit, other=0.0)
-            tap = tl.load(w + c * KH * KW + kh * KW + kw).to(tl.float32)
-            # Only taps that reach dy contribute: a NaN or Inf weight must not reach dx through padding.
-            acc += tl.where(hit, dy_values.to(tl.float32) * tap, 0.0)
-    tl.store(dx + plane.to(tl.int64) * H * W + pixel, acc.to(dx.dtype.element_ty), mask=pixel_ok)
+            hit = row_ok & ((reach_w >= 0) & (reach_w % STRIDE_W == 0) & (ow < OW))[None, :]
+            dy_values = tl.load(dy_plane + oh * OW + ow[None, :], mask=hit, other=0.0).to(tl.float32)
+            for r in tl.static_range(ROWS):
+                for kh in tl.static_range(KH):
+                    if r + PAD_H - kh * DIL_H == t * STRIDE_H:
+                        # Only taps that reach dy contribute: a NaN or Inf weight must not reach dx
+                        # through padding.
+                        updated = tl.where(hit, acc[r] + dy_values * taps[kh * KW + kw], acc[r])
+                        acc = acc[:r] + (updated,) + acc[r + 1:]
+    dx_row_0 = dx + plane.to(tl.int64)[:, None] * H * W + iw[None, :]
+    column_ok = plane_ok[:, None] & (iw < W)[None, :]
+    for r in tl.static_range(ROWS):
+        ih = ih_first + r
+        tl.store(dx_row_0 + ih * W, acc[r].to(dx.dtype.element_ty), mask=_where_row(column_ok, ih < H))
+
+
+@triton.jit
+def _depthwise_dw_band(
+    dy_row_0, x_row_0, oh_first, ow, c_ok, H, W, OH, OW,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_TAPS: tl.constexpr, PLANES: tl.constexpr, ROWS: tl.constexpr,
+    RAGGED: tl.constexpr,
+):
+    """The [PLANES, BLOCK_TAPS] sums of one band of `conv2d_depthwise_dw` (column BLOCK_TAPS - 1: the
+    bias's, when HAS_BIAS). RAGGED: rows past OH are in the band and must add nothing (their dy reads
+    as 0, but x there may be NaN or Inf)."""
+    tap = tl.arange(0, BLOCK_TAPS)
+    ih_first = oh_first * STRIDE_H - PAD_H
+    iw_first = ow * STRIDE_W - PAD_W
+    column_ok = c_ok[:, None] & (ow < OW)[None, :]
+    dy_rows = ()
+    for r in tl.static_range(ROWS):
+        oh = oh_first + r
+        dy_rows = dy_rows + (tl.load(dy_row_0 + oh * OW, mask=_where_row(column_ok, oh < OH), other=0.0).to(tl.float32),)
+    products = ()
+    for k in tl.static_range(KH * KW):
+        products = products + (tl.zeros_like(dy_rows[0]),)
+    for t in tl.static_range((ROWS - 1) * STRIDE_H + (KH - 1) * DIL_H + 1):
+        ih = ih_first + t
+        row_ok = _where_row(column_ok, (ih >= 0) & (ih < H))
+        for kw in tl.static_range(KW):
+            iw = iw_first + kw * DIL_W
+            inside = row_ok & ((iw >= 0) & (iw < W))[None, :]
+            x_values = tl.load(x_row_0 + ih * W + kw * DIL_W, mask=inside, other=0.0).to(tl.float32)
+            for r in tl.static_range(ROWS):
+                for kh in tl.static_range(KH):
+                    if r * STRIDE_H + kh * DIL_H == t:
+                        term = x_values * dy_rows[r]
+                        if RAGGED:
+                            term = tl.where(oh_first + r < OH, term, 0.0)
+                        products = (products[:kh * KW + kw] + (products[kh * KW + kw] + term,)
+                                    + products[kh * KW + kw + 1:])
+    sums = tl.zeros([PLANES, BLOCK_TAPS], dtype=tl.float32)
+    for k in tl.static_range(KH * KW):
+        sums += tl.where(tap[None, :] == k, tl.sum(products[k], axis=1)[:, None], 0.0)
+    if HAS_BIAS:
+        dy_sum = dy_rows[0]
+        for r in tl.static_range(1, ROWS):
+            dy_sum += dy_rows[r]
+        sums += tl.where(tap[None, :] == BLOCK_TAPS - 1, tl.sum(dy_sum, axis=1)[:, None], 0.0)
+    return sums
 
 
 @triton.jit
@@ -128,52 +226,54 @@ def conv2d_depthwise_dw(
     dy, x, partial, B, C, H, W, OH, OW, SPLIT,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_TAPS: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_TAPS: tl.constexpr, PLANES: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_W: tl.constexpr,
 ):
-    """Depthwise 2-D convolution weight gradient, one batch slice per program (no atomics).
+    """Depthwise 2-D convolution weight gradient, split over the work (no atomics).
 
-    Grid: (C, SPLIT). Program (c, s) sums over the images b = s, s + SPLIT, s + 2*SPLIT, ... < B
-    (in that order) and all their pixels (oh, ow), BLOCK at a time, and writes
-        partial[s, c*KH*KW + kh*KW + kw] = sum of dy[b, c, oh, ow]
+    Grid: (cdiv(C, PLANES), SPLIT). The work is cut into items (b, band, column tile): ROWS output
+    rows and BLOCK_W output columns of one image, items numbered in that order. Program (p, s)
+    takes the channels c = p*PLANES, ... and the items s, s + SPLIT, s + 2*SPLIT, ... (in that order)
+    and writes
+        partial[s, c*KH*KW + kh*KW + kw] = sum over its items' pixels of dy[b, c, oh, ow]
             * x[b, c, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W]
     (x read as 0 outside the image) and, when HAS_BIAS, partial[s, C*KH*KW + c] = sum of dy[b, c, oh, ow].
-    All KH*KW taps are one [BLOCK_TAPS, BLOCK] tile (BLOCK_TAPS >= KH*KW); sums in fp32.
+    Sums in fp32, each item's reduced into a [PLANES, BLOCK_TAPS] accumulator (BLOCK_TAPS > KH*KW).
     """
-    c = tl.program_id(0)
+    c = tl.program_id(0) * PLANES + tl.arange(0, PLANES)
+    c_ok = c < C
     split = tl.program_id(1)
     taps: tl.constexpr = KH * KW
     tap = tl.arange(0, BLOCK_TAPS)
-    tap_ok = tap < taps
-    dh = (tap // KW) * DIL_H
-    dw = (tap % KW) * DIL_W
-    acc = tl.zeros([BLOCK_TAPS, BLOCK], dtype=tl.float32)
-    dbias = tl.zeros([BLOCK], dtype=tl.float32)
-    for b in range(split, B, SPLIT):
-        plane = c.to(tl.int64) + b * C
-        for pixel_first in range(0, OH * OW, BLOCK):
-            pixel = pixel_first + tl.arange(0, BLOCK)
-            pixel_ok = pixel < OH * OW
-            dy_values = tl.load(dy + plane * OH * OW + pixel, mask=pixel_ok, other=0.0).to(tl.float32)
-            ih = ((pixel // OW) * STRIDE_H - PAD_H)[None, :] + dh[:, None]
-            iw = ((pixel % OW) * STRIDE_W - PAD_W)[None, :] + dw[:, None]
-            inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & tap_ok[:, None] & pixel_ok[None, :]
-            x_values = tl.load(x + plane * H * W + ih * W + iw, mask=inside, other=0.0)
-            acc += x_values.to(tl.float32) * dy_values[None, :]
-            if HAS_BIAS:
-                dbias += dy_values
+    bands = tl.cdiv(OH, ROWS)
+    column_tiles = tl.cdiv(OW, BLOCK_W)
+    acc = tl.zeros([PLANES, BLOCK_TAPS], dtype=tl.float32)
+    for item in range(split, B * bands * column_tiles, SPLIT):
+        b = item // (bands * column_tiles)
+        oh_first = (item // column_tiles) % bands * ROWS
+        ow = (item % column_tiles) * BLOCK_W + tl.arange(0, BLOCK_W)
+        plane = (b * C + c).to(tl.int64)[:, None]
+        dy_row_0 = dy + plane * OH * OW + ow[None, :]
+        x_row_0 = x + plane * H * W + (ow * STRIDE_W - PAD_W)[None, :]
+        if oh_first + ROWS <= OH:
+            acc += _depthwise_dw_band(dy_row_0, x_row_0, oh_first, ow, c_ok, H, W, OH, OW, KH, KW, STRIDE_H,
+                                      STRIDE_W, PAD_H, PAD_W, DIL_H, DIL_W, HAS_BIAS, BLOCK_TAPS, PLANES, ROWS, False)
+        else:
+            acc += _depthwise_dw_band(dy_row_0, x_row_0, oh_first, ow, c_ok, H, W, OH, OW, KH, KW, STRIDE_H,
+                                      STRIDE_W, PAD_H, PAD_W, DIL_H, DIL_W, HAS_BIAS, BLOCK_TAPS, PLANES, ROWS, True)
     row_len = C * taps
     if HAS_BIAS:
         row_len += C
     row = partial + split.to(tl.int64) * row_len
-    tl.store(row + c * taps + tap, tl.sum(acc, axis=1), mask=tap_ok)
+    tl.store(row + c[:, None] * taps + tap[None, :], acc, mask=c_ok[:, None] & (tap < taps)[None, :])
     if HAS_BIAS:
-        tl.store(row + C * taps + c, tl.sum(dbias, axis=0))
+        tl.store(row + C * taps + c, tl.sum(tl.where(tap[None, :] == BLOCK_TAPS - 1, acc, 0.0), axis=1), mask=c_ok)
 
 
 _GEOMETRY = (3, 3, 1, 1, 1, 1, 1, 1)
 Conv2dDepthwiseForward = kernel_object(
     conv2d_depthwise_forward,
-    example=_GEOMETRY + (False, 1024),
+    example=_GEOMETRY + (False, 4, 7, 32),
     entry=conv2d_depthwise_forward_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS",),
@@ -182,7 +282,7 @@ Conv2dDepthwiseForward = kernel_object(
 )
 Conv2dDepthwiseDx = kernel_object(
     conv2d_depthwise_dx,
-    example=_GEOMETRY + (1024,),
+    example=_GEOMETRY + (4, 7, 32),
     entry=conv2d_depthwise_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
     num_warps=4,
@@ -190,7 +290,7 @@ Conv2dDepthwiseDx = kernel_object(
 )
 Conv2dDepthwiseDw = kernel_object(
     conv2d_depthwise_dw,
-    example=_GEOMETRY + (False, 16, 256),
+    example=_GEOMETRY + (False, 16, 4, 7, 32),
     entry=conv2d_depthwise_dw_entry,
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
