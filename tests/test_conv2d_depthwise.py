@@ -19,8 +19,9 @@ CASES = [
 ]
 
 
-def _run_all(case, dtype, tile=(4, 4, 4), split=2):
-    """Forward, dx and dw of `case` with `tile` = (PLANES, ROWS, BLOCK_W) for every kernel."""
+def _run_all(case, dtype, tile=(4, 4, 4), split=2, gather=False):
+    """Forward, dx and dw of `case` with `tile` = (PLANES, ROWS, BLOCK_W) for every kernel, and
+    GATHER_COLUMNS = `gather` for the forward and dw."""
     B, C, H, W, KH, KW, stride, pad, dil, has_bias = case
     OH = (H + 2 * pad[0] - dil[0] * (KH - 1) - 1) // stride[0] + 1
     OW = (W + 2 * pad[1] - dil[1] * (KW - 1) - 1) // stride[1] + 1
@@ -29,12 +30,12 @@ def _run_all(case, dtype, tile=(4, 4, 4), split=2):
     geometry = (KH, KW, *stride, *pad, *dil)
     sizes = (B, C, H, W, OH, OW)
     y = poisoned(B, C, OH, OW, dtype=dtype)
-    Conv2dDepthwiseForward(*geometry, has_bias, *tile, dtype=dtype).launch(x, w, bias if has_bias else y, y, *sizes)
+    Conv2dDepthwiseForward(*geometry, has_bias, *tile, gather, dtype=dtype).launch(x, w, bias if has_bias else y, y, *sizes)
     dx = poisoned(B, C, H, W, dtype=dtype)
     Conv2dDepthwiseDx(*geometry, *tile, dtype=dtype).launch(dy, w, dx, *sizes)
     partial = poisoned(split, dw_partial_size(C, 1, KH, KW, has_bias), dtype=torch.float32)
     taps = 1 << (KH * KW).bit_length()  # more than KH*KW: a column for the bias
-    Conv2dDepthwiseDw(*geometry, has_bias, taps, *tile, dtype=dtype).launch(dy, x, partial, *sizes, split)
+    Conv2dDepthwiseDw(*geometry, has_bias, taps, *tile, gather, dtype=dtype).launch(dy, x, partial, *sizes, split)
     dw, dbias = poisoned(C, 1, KH, KW, dtype=dtype), poisoned(C, dtype=dtype)
     Conv2dDwReduce(has_bias, 16, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split, dw.numel(), C)
     x64, w64 = x.double().cpu().requires_grad_(), w.double().cpu().requires_grad_()
@@ -50,6 +51,13 @@ def test_depthwise_kernels_match_float64(case):
         assert_close(out, ref, torch.float32)
 
 
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]])
+def test_depthwise_gathered_columns_match_float64(case):
+    """Rows loaded once and their taps shifted across lanes (unit column stride, 16-lane rows)."""
+    for out, ref in _run_all(case, torch.float32, tile=(4, 4, 16), gather=True):
+        assert_close(out, ref, torch.float32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_depthwise_kernels_16bit(dtype):
     for out, ref in _run_all(CASES[0].values[0], dtype):
@@ -62,32 +70,39 @@ def test_depthwise_kernels_gpu_tiles(dtype):
     case = (6, 40, 29, 31, 3, 3, (1, 1), (1, 1), (1, 1), True)
     for out, ref in _run_all(case, dtype, tile=(2, 6, 16), split=4):
         assert_close(out, ref, dtype)
+    thirty_columns = case[:3] + (30,) + case[4:]  # 30 + 2 shifted columns fill a 32-lane row
+    for out, ref in _run_all(thirty_columns, dtype, tile=(2, 6, 32), split=4, gather=True):
+        assert_close(out, ref, dtype)
 
 
 @gpu
 def test_depthwise_backward_bitwise_deterministic():
     case = (8, 64, 28, 28, 3, 3, (1, 1), (1, 1), (1, 1), True)
     torch.manual_seed(5)
-    first = _run_all(case, torch.float32, tile=(2, 5, 32), split=8)
+    first = _run_all(case, torch.float32, tile=(2, 5, 32), split=8, gather=True)
     torch.manual_seed(5)
-    second = _run_all(case, torch.float32, tile=(2, 5, 32), split=8)
+    second = _run_all(case, torch.float32, tile=(2, 5, 32), split=8, gather=True)
     for (a, _), (b, _) in zip(first[1:], second[1:]):
         assert torch.equal(a, b)
 
 
 def test_depthwise_launch_checks():
-    dw_kernel = Conv2dDepthwiseDw(3, 3, 1, 1, 1, 1, 1, 1, False, 8, 1, 4, 4)
+    dw_kernel = Conv2dDepthwiseDw(3, 3, 1, 1, 1, 1, 1, 1, False, 8, 1, 4, 4, False)
     dy, x = randn(2, 3, 4, 4), randn(2, 3, 4, 4)
     partial = poisoned(1, 27, dtype=torch.float32)
     with pytest.raises(ValueError, match="block_taps"):
         dw_kernel.launch(dy, x, partial, 2, 3, 4, 4, 4, 4, 1)
-    good = Conv2dDepthwiseDw(3, 3, 1, 1, 1, 1, 1, 1, False, 16, 1, 4, 4)
+    good = Conv2dDepthwiseDw(3, 3, 1, 1, 1, 1, 1, 1, False, 16, 1, 4, 4, False)
     with pytest.raises(ValueError, match="SPLIT"):
         good.launch(dy, x, poisoned(3, 27, dtype=torch.float32), 2, 3, 4, 4, 4, 4, 3)
     with pytest.raises(ValueError, match="rows: expected a multiple of stride_h = 2"):
         Conv2dDepthwiseDx(3, 3, 2, 2, 1, 1, 1, 1, 1, 3, 4).launch(randn(2, 3, 2, 2), randn(3, 1, 3, 3), x, 2, 3, 4, 4, 2, 2)
     with pytest.raises(ValueError, match="OW"):
-        Conv2dDepthwiseForward(3, 3, 1, 1, 1, 1, 1, 1, False, 1, 4, 4).launch(x, randn(3, 1, 3, 3), x, x, 2, 3, 4, 4, 4, 3)
+        Conv2dDepthwiseForward(3, 3, 1, 1, 1, 1, 1, 1, False, 1, 4, 4, False).launch(x, randn(3, 1, 3, 3), x, x, 2, 3, 4,
+                                                                                   4, 4, 3)
+    with pytest.raises(ValueError, match="gather_columns: needs stride_w = 1 and 4 columns"):
+        Conv2dDepthwiseForward(3, 3, 1, 1, 1, 1, 1, 1, False, 1, 4, 4, True).launch(x, randn(3, 1, 3, 3), x, x, 2, 3, 4,
+                                                                                  4, 4, 4)
     assert torch.isnan(partial).all()
 
 
