@@ -1,5 +1,6 @@
 """tools/: the parts that run without a GPU."""
 import importlib.util
+import re
 from pathlib import Path
 
 
@@ -40,3 +41,17 @@ def test_bn_sweep_configs_start_with_the_tuners_and_fit_their_warps():
     assert found[:len(tuners)] == tuners
     assert len(found) == len(set(found)) > 10
     assert all(c.block_m * c.block_n // c.num_warps >= 64 for c in found[len(tuners):])
+
+
+def test_kernel_sass_counts_opcodes_of_a_compiled_kernel():
+    tool = _tool("kernel_sass")
+    listing = ("        /*0040*/                   LDG.E.U16 R3, desc[UR4][R4.64] ;\n"
+               "        /*0050*/              @!P0 LDG.E R5, desc[UR4][R6.64+0x4] ;\n"
+               "        /*0060*/                   FFMA R7, R3, R5, R7 ;\n")
+    assert tool.opcode_counts(listing) == {"LDG": 2, "FFMA": 1}
+    assert tool.registers(" Function k:\n  REG:40 STACK:0 SHARED:0") == 40
+    report = tool.main(["Conv2dDwReduce", "fp32", "False", "256"]).splitlines()
+    assert report[0] == "conv2d_dw_reduce__fp32__0__256"
+    count, regs = re.fullmatch(r"(\d+) instructions, (\d+) registers per thread", report[1]).groups()
+    assert int(count) > 0 and int(regs) > 0
+    assert "LDG" in report[2] and "STG" in report[2]  # the partial rows read, dw written
