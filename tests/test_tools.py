@@ -47,7 +47,7 @@ def test_kernel_sass_counts_opcodes_of_a_compiled_kernel():
     tool = _tool("kernel_sass")
     listing = ("        /*0040*/                   LDG.E.U16 R3, desc[UR4][R4.64] ;\n"
                "        /*0050*/              @!P0 LDG.E R5, desc[UR4][R6.64+0x4] ;\n"
-               "        /*0060*/                   FFMA R7, R3, R5, R7 ;\n")
+               "        /*10060*/                  FFMA R7, R3, R5, R7 ;\n")  # past 64 KiB of code
     assert tool.opcode_counts(listing) == {"LDG": 2, "FFMA": 1}
     assert tool.registers(" Function k:\n  REG:40 STACK:0 SHARED:0") == 40
     report = tool.main(["Conv2dDwReduce", "fp32", "False", "256"]).splitlines()
