@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 
 from .kernel import INTERPRETED
-from .ops.conv2d_gemm_forward import GRID_AXIS_MAX
 
 TUNING_BUDGET_S = 2.0
 # Above the H200's boost clock, so the GPU's sleep in `_time_ms` lasts at least as long as asked.
@@ -35,7 +34,7 @@ GPU_CYCLES_PER_S = 2.0e9
 QUICK_CANDIDATES = 3
 DEPTHWISE_LANES = 128  # (plane, column) pairs of a depthwise program on the GPU: one per thread of 4 warps
 DEPTHWISE_BAND = 16  # most rows of a depthwise program's band
-DEPTHWISE_DW_SPLIT = 1024
+DEPTHWISE_DW_SPLIT = 1024  # most fp32 partial rows of the depthwise dw (each C*(KH*KW+1) floats)
 _log = logging.getLogger("nnkernels")
 _lock = threading.Lock()
 _memory: dict | None = None

@@ -1,4 +1,4 @@
-"""The direct depthwise kernels (forward, dx, dw split over the batch + ordered reduce), launched directly.
+"""The direct depthwise kernels (forward, dx, dw split over its work items + ordered reduce), launched directly.
 
 References: torch's grouped convolution (groups = C) in float64 on the same data; outputs
 poisoned with NaN before launch; tiles that divide neither the planes' rows and columns nor B*C
@@ -30,7 +30,8 @@ def _run_all(case, dtype, tile=(4, 4, 4), split=2, gather=False):
     geometry = (KH, KW, *stride, *pad, *dil)
     sizes = (B, C, H, W, OH, OW)
     y = poisoned(B, C, OH, OW, dtype=dtype)
-    Conv2dDepthwiseForward(*geometry, has_bias, *tile, gather, dtype=dtype).launch(x, w, bias if has_bias else y, y, *sizes)
+    forward = Conv2dDepthwiseForward(*geometry, has_bias, *tile, gather, dtype=dtype)
+    forward.launch(x, w, bias if has_bias else y, y, *sizes)
     dx = poisoned(B, C, H, W, dtype=dtype)
     Conv2dDepthwiseDx(*geometry, *tile, dtype=dtype).launch(dy, w, dx, *sizes)
     partial = poisoned(split, dw_partial_size(C, 1, KH, KW, has_bias), dtype=torch.float32)
@@ -96,13 +97,14 @@ def test_depthwise_launch_checks():
     with pytest.raises(ValueError, match="SPLIT"):
         good.launch(dy, x, poisoned(3, 27, dtype=torch.float32), 2, 3, 4, 4, 4, 4, 3)
     with pytest.raises(ValueError, match="rows: expected a multiple of stride_h = 2"):
-        Conv2dDepthwiseDx(3, 3, 2, 2, 1, 1, 1, 1, 1, 3, 4).launch(randn(2, 3, 2, 2), randn(3, 1, 3, 3), x, 2, 3, 4, 4, 2, 2)
+        Conv2dDepthwiseDx(3, 3, 2, 2, 1, 1, 1, 1, 1, 3, 4).launch(randn(2, 3, 2, 2), randn(3, 1, 3, 3), x,
+                                                              2, 3, 4, 4, 2, 2)
     with pytest.raises(ValueError, match="OW"):
-        Conv2dDepthwiseForward(3, 3, 1, 1, 1, 1, 1, 1, False, 1, 4, 4, False).launch(x, randn(3, 1, 3, 3), x, x, 2, 3, 4,
-                                                                                   4, 4, 3)
+        Conv2dDepthwiseForward(3, 3, 1, 1, 1, 1, 1, 1, False, 1, 4, 4, False).launch(
+            x, randn(3, 1, 3, 3), x, x, 2, 3, 4, 4, 4, 3)
     with pytest.raises(ValueError, match="gather_columns: needs stride_w = 1 and 4 columns"):
-        Conv2dDepthwiseForward(3, 3, 1, 1, 1, 1, 1, 1, False, 1, 4, 4, True).launch(x, randn(3, 1, 3, 3), x, x, 2, 3, 4,
-                                                                                  4, 4, 4)
+        Conv2dDepthwiseForward(3, 3, 1, 1, 1, 1, 1, 1, False, 1, 4, 4, True).launch(
+            x, randn(3, 1, 3, 3), x, x, 2, 3, 4, 4, 4, 4)
     assert torch.isnan(partial).all()
 
 

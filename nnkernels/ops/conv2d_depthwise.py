@@ -35,6 +35,7 @@ def gather_columns_fit(stride_w, kw, dil_w, columns, block_w):
 
 
 def check_gather_columns(k, columns):
+    """A launch with GATHER_COLUMNS must fit it (`gather_columns_fit`) for its `columns` written columns."""
     if k.gather_columns and not gather_columns_fit(k.stride_w, k.kw, k.dil_w, columns, k.block_w):
         raise ValueError(f"gather_columns: needs stride_w = 1 and {columns} columns + (kw-1)*dil_w <= "
                          f"block_w = {k.block_w}, got stride_w = {k.stride_w}")
@@ -85,9 +86,9 @@ def _row_taps(row_0, row_ok, iw_first, W, KW: tl.constexpr, DIL_W: tl.constexpr,
               BLOCK_W: tl.constexpr):
     """The KW shifts of one input row, as fp32 [PLANES, BLOCK_W] tensors: tap kw holds
     row[iw_first + kw*DIL_W] (`row_0` points at iw_first), 0 outside 0 <= iw < W or where not `row_ok`.
-    GATHER_COLUMNS (iw_first one run of lanes, KW-1 of them spare): the row is loaded once and its
-    shifts gathered across lanes, which costs a shuffle instead of a load per shift; lanes past the
-    spare ones repeat the last lane."""
+    GATHER_COLUMNS (iw_first consecutive across the lanes, and at least (KW-1)*DIL_W lanes past the
+    written columns): the row is loaded once and its shifts gathered across lanes, a shuffle instead
+    of a load per shift; a shift past the last lane repeats the last lane, in columns nobody writes."""
     taps = ()
     if GATHER_COLUMNS:
         row = tl.load(row_0, mask=row_ok & ((iw_first >= 0) & (iw_first < W))[None, :], other=0.0).to(tl.float32)
@@ -121,8 +122,8 @@ def conv2d_depthwise_forward(
                           * x[b, c, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W],
     x read as 0 outside the image, fp32 accumulation, y rounded once; bias read only when HAS_BIAS.
     Each input row the band reads is loaded once per kw and feeds every (output row, kh) that reads
-    it: (ROWS-1)*STRIDE_H + (KH-1)*DIL_H + 1 rows instead of ROWS*KH. GATHER_COLUMNS (STRIDE_W = 1,
-    OW + (KW-1)*DIL_W <= BLOCK_W <= 32): once, its kw shifts gathered across lanes (`_row_taps`).
+    it: (ROWS-1)*STRIDE_H + (KH-1)*DIL_H + 1 rows instead of ROWS*KH. With GATHER_COLUMNS (STRIDE_W = 1,
+    OW + (KW-1)*DIL_W <= BLOCK_W <= 32) a row is loaded once and its kw shifts gathered across lanes.
     """
     plane = tl.program_id(0) * PLANES + tl.arange(0, PLANES)
     plane_ok = plane < B * C
@@ -231,7 +232,8 @@ def _depthwise_dw_band(
     dy_rows = ()
     for r in tl.static_range(ROWS):
         oh = oh_first + r
-        dy_rows = dy_rows + (tl.load(dy_row_0 + oh * OW, mask=_where_row(column_ok, oh < OH), other=0.0).to(tl.float32),)
+        dy_row = tl.load(dy_row_0 + oh * OW, mask=_where_row(column_ok, oh < OH), other=0.0)
+        dy_rows = dy_rows + (dy_row.to(tl.float32),)
     products = ()
     for k in tl.static_range(KH * KW):
         products = products + (tl.zeros_like(dy_rows[0]),)
