@@ -106,6 +106,24 @@ def _row_taps(row_0, row_ok, iw_first, W, KW: tl.constexpr, DIL_W: tl.constexpr,
 
 
 @triton.jit
+def _plane_weights(w, c, plane_ok, TAPS: tl.constexpr):
+    """The TAPS weights w[c, 0, tap] of each plane's channel, as fp32 [PLANES, 1] columns."""
+    taps = ()
+    for tap in tl.static_range(TAPS):
+        taps = taps + (tl.load(w + c * TAPS + tap, mask=plane_ok, other=0.0).to(tl.float32)[:, None],)
+    return taps
+
+
+@triton.jit
+def _zero_rows(ROWS: tl.constexpr, PLANES: tl.constexpr, BLOCK_W: tl.constexpr):
+    """ROWS fp32 [PLANES, BLOCK_W] accumulators, one per output row of a band."""
+    acc = ()
+    for r in tl.static_range(ROWS):
+        acc = acc + (tl.zeros([PLANES, BLOCK_W], dtype=tl.float32),)
+    return acc
+
+
+@triton.jit
 def conv2d_depthwise_forward(
     x, w, bias, y, B, C, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
@@ -133,12 +151,8 @@ def conv2d_depthwise_forward(
     iw_first = ow * STRIDE_W - PAD_W
     ih_first = oh_first * STRIDE_H - PAD_H
     x_row_0 = x + plane.to(tl.int64)[:, None] * H * W + iw_first[None, :]
-    taps = ()
-    for tap in tl.static_range(KH * KW):
-        taps = taps + (tl.load(w + c * KH * KW + tap, mask=plane_ok, other=0.0).to(tl.float32)[:, None],)
-    acc = ()
-    for r in tl.static_range(ROWS):
-        acc = acc + (tl.zeros([PLANES, BLOCK_W], dtype=tl.float32),)
+    taps = _plane_weights(w, c, plane_ok, KH * KW)
+    acc = _zero_rows(ROWS, PLANES, BLOCK_W)
     for t in tl.static_range((ROWS - 1) * STRIDE_H + (KH - 1) * DIL_H + 1):
         ih = ih_first + t
         row_ok = _where_row(plane_ok[:, None], (ih >= 0) & (ih < H))
@@ -185,12 +199,8 @@ def conv2d_depthwise_dx(
     oh_first = ih_first // STRIDE_H
     iw = tl.program_id(2) * BLOCK_W + tl.arange(0, BLOCK_W)
     dy_plane = dy + plane.to(tl.int64)[:, None] * OH * OW
-    taps = ()
-    for tap in tl.static_range(KH * KW):
-        taps = taps + (tl.load(w + c * KH * KW + tap, mask=plane_ok, other=0.0).to(tl.float32)[:, None],)
-    acc = ()
-    for r in tl.static_range(ROWS):
-        acc = acc + (tl.zeros([PLANES, BLOCK_W], dtype=tl.float32),)
+    taps = _plane_weights(w, c, plane_ok, KH * KW)
+    acc = _zero_rows(ROWS, PLANES, BLOCK_W)
     # dy row oh_first + t feeds dx row r through tap kh when r + PAD_H - kh*DIL_H == t*STRIDE_H.
     for t in tl.static_range((PAD_H - (KH - 1) * DIL_H) // STRIDE_H, (ROWS - 1 + PAD_H) // STRIDE_H + 1):
         oh = oh_first + t
