@@ -55,3 +55,16 @@ def test_kernel_sass_counts_opcodes_of_a_compiled_kernel():
     count, regs = re.fullmatch(r"(\d+) instructions, (\d+) registers per thread", report[1]).groups()
     assert int(count) > 0 and int(regs) > 0
     assert "LDG" in report[2] and "STG" in report[2]  # the partial rows read, dw written
+
+
+def test_depthwise_sweep_sets_tiles_inside_its_block_only():
+    tool = _tool("depthwise_sweep")
+    before = tool.tuning.depthwise_tile(8192, 28, 28)
+    assert tool.conv.gather_columns_fit(1, 3, 1, 28, 32)
+    with tool.tiles(64, 8, 2, False):
+        inside = tool.tuning.depthwise_tile(8192, 28, 28)
+        assert inside.num_warps == 2 and inside.rows <= 8
+        assert not tool.conv.gather_columns_fit(1, 3, 1, 28, 32)
+    assert tool.tuning.depthwise_tile(8192, 28, 28) == before
+    assert tool.conv.gather_columns_fit(1, 3, 1, 28, 32)
+    assert tool.CONFIGS[0] == (tool.tuning.DEPTHWISE_LANES, tool.tuning.DEPTHWISE_BAND, 4, True)  # the library's
