@@ -91,7 +91,7 @@ def batch_norm_plan(B, C, HW, *, element_size=4, tile=None, programs=None, fused
     programs = programs or (1 if INTERPRETED else GPU_PROGRAMS)
     block_b = next_power_of_2(B)
     if block_b * next_power_of_2(HW) <= (fused_limit if fused_limit is not None else
-                                                 CPU_TILE if INTERPRETED else FUSED_LIMIT):
+                                         CPU_TILE if INTERPRETED else FUSED_LIMIT):
         # On the CPU as many channels as one tile holds; on the GPU a few, so that programs fill it.
         # (A first guess: nnkernels.functional.batch_norm times alternatives on the GPU.)
         channels = channels or (max(1, min(C, CPU_TILE // (block_b * HW))) if INTERPRETED else
