@@ -34,6 +34,7 @@ GPU_CYCLES_PER_S = 2.0e9
 QUICK_CANDIDATES = 3
 DEPTHWISE_LANES = 128  # (plane, column) pairs of a depthwise program on the GPU: one per thread of 4 warps
 DEPTHWISE_BAND = 16  # most rows of a depthwise program's band
+DW_REDUCE_ROWS = 8  # split rows the dw reduce loads at once: loads in flight together, not one latency each
 DEPTHWISE_DW_SPLIT = 1024  # most fp32 partial rows of the depthwise dw (each C*(KH*KW+1) floats)
 _log = logging.getLogger("nnkernels")
 _lock = threading.Lock()
@@ -42,7 +43,8 @@ _memory: dict | None = None
 
 @dataclass(frozen=True)
 class Config:
-    """Tile sizes and launch options of one kernel launch; `split` only for split reductions."""
+    """Tile sizes and launch options of one kernel launch; `split` only for split reductions, `taps`
+    only for kernels that take several taps per program."""
 
     block_m: int
     block_n: int
@@ -50,6 +52,7 @@ class Config:
     num_warps: int = 4
     num_stages: int = 3
     split: int = 1
+    taps: int = 1  # taps per program, for kernels that reuse one tile for several
 
 
 def mode() -> str:
@@ -358,6 +361,45 @@ def channels_last_dw_candidates(m: int, c_in: int, taps: int, pixels: int, dtype
         configs.append(Config(block_m, block_n, block_k, warps, stages, _dw_split(tiles, pixels, block_k, oversubscribe)))
     return list(dict.fromkeys(configs))
 
+
+def tma_box(rows: int, cols: int, pixels: int) -> tuple[int, int]:
+    """(BOX_H, BOX_W) of `pixels` (a power of two) for planes of rows x cols: the box that wastes the
+    least on the planes' ragged edges (56x56: 8x8 boxes fit exactly; 7x7: 8x8 boxes hold 49 of 64),
+    the wider one among equals (longer runs of addresses)."""
+    def covered(box_w):
+        box_h = pixels // box_w
+        return -(-rows // box_h) * box_h * -(-cols // box_w) * box_w
+
+    widths = [1 << i for i in range(pixels.bit_length()) if 1 << i <= pixels]
+    box_w = min(widths, key=lambda w: (covered(w), -w))
+    return pixels // box_w, box_w
+
+
+def tma_dw_candidates(c_out: int, c_in: int, kh: int, kw: int, batch: int, rows: int, cols: int,
+                      dtype: torch.dtype) -> list[Config]:
+    """Configs of `Conv2dTmaDw`: BLOCK_M c_out x BLOCK_N c_in tiles, boxes of `block_k` pixels (64
+    for 16-bit types, 32 for fp32: 128 bytes of a 64-channel row either way), one tap or a row of
+    KW taps per program (one dy box then serves the row), and the boxes split so that a given
+    number of programs per SM run: at most that (floor: a second, nearly empty wave of programs
+    would double the time). The order is what a sweep found on the H200 (ResNet-50's 3x3 layers,
+    B32, 2026-12-01, tools' numbers in BENCHMARKS.md): 128 x 64 tiles of one tap with 3 programs
+    per SM first (256 and 512 channels: 37 and 43 µs in bf16, 100 and 115 in fp32), then rows of
+    taps on 64 x 64 tiles (64 channels: 27 µs in bf16 against 43 for single taps), then 128 x 128."""
+    if INTERPRETED:
+        return [Config(_clamp_pow2(c_out, 16, 64), _clamp_pow2(c_in, 16, 64), 64, 4, 1, 1, kw)]
+    block_k = 64 if dtype != torch.float32 else 32
+    box_h, box_w = tma_box(rows, cols, block_k)
+    boxes = batch * -(-rows // box_h) * -(-cols // box_w)
+    configs = []
+    for block_m, block_n, warps, stages, taps, per_sm in (
+        (128, 64, 8, 3, 1, 3), (64, 64, 4, 3, kw, 2), (128, 128, 8, 3, 1, 1), (128, 64, 8, 3, 1, 6),
+        (64, 64, 4, 3, kw, 3), (64, 64, 8, 3, 1, 4),
+    ):
+        block_m, block_n = _clamp_pow2(c_out, 16, block_m), _clamp_pow2(c_in, 16, block_n)
+        tiles = -(-c_out // block_m) * -(-c_in // block_n) * (kh * kw // taps)
+        split = max(1, min(boxes, per_sm * _num_sms() // tiles))
+        configs.append(Config(block_m, block_n, block_k, warps, stages, split, taps))
+    return list(dict.fromkeys(configs))
 
 def reduce_block(row: int) -> int:
     """Columns per program of the dw reduce: enough programs for two per SM (each sums SPLIT rows

@@ -169,6 +169,23 @@ def test_special_values_propagate_like_pytorch(op, where, value, dtype):
         assert_same_specials(out, ref, tolerance(dtype, op), f"{op} {name}", exact_kind, may_spread)
 
 
+
+@pytest.mark.parametrize("op", ["conv2d", "conv2d-channels-last"])
+@pytest.mark.parametrize("value", [NAN, INF, "mixed"], ids=["nan", "inf", "inf-and--inf"])
+def test_special_values_in_full_fp32_convolution(op, value):
+    """With TF32 off the tensor-core kernels split each fp32 value into a TF32 part and a remainder
+    (tf32x3), and the remainder of an Inf is NaN: those must not leak into the results."""
+    C = 16 if op == "conv2d-channels-last" else 3
+    x, params = randn(2, C, 7, 6), OPS[op][2](C)
+    for (b, c, h, w), v in zip([(0, 0, 0, 0), (1, 1, 3, 5), (1, 2, 6, 2)],
+                               [value] * 3 if value != "mixed" else [INF, -INF, INF]):
+        x[b, c, h, w] = v
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        ours, refs = run_both(op, x, params, lambda shape: randn(*shape), torch.float32)
+    for name, out, ref in zip(["y", "dx", "dweight", "dbias"], ours, refs):
+        assert_same_specials(out, ref, TOLERANCE[torch.float32], f"{op} {name}")
+
+
 # ---- batch 0 ----
 
 def test_conv2d_batch_0_is_empty_like_pytorch():

@@ -7,7 +7,7 @@ direct depthwise kernels when groups == C_IN == C_OUT, a per-image matrix produc
 1x1 convolutions (of the subsampled input when strided), the implicit-GEMM tensor-core kernels
 otherwise: on channels-last copies (vector loads) when groups == 1 and the channel counts are
 multiples of 16 (for dx only C_OUT must be; a strided dx is written channels-last too, then
-transposed), straight from NCHW else.
+transposed; dw of stride 1 from TMA boxes on Hopper and later), straight from NCHW else.
 Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a call uses,
 and every launch is logged at DEBUG level on the "nnkernels" logger.
 """
@@ -29,6 +29,7 @@ from ..ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw, dw_partial_size
 from ..ops.conv2d_gemm_dx import Conv2dGemmDx
 from ..ops.conv2d_gemm_forward import Conv2dGemmForward
 from ..ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw
+from ..ops.conv2d_tma_dw import Conv2dTmaDw
 from ..ops.layout import ChannelsLastCopy
 from ..ops.subsample import Subsample2dBackward, Subsample2dForward
 from .layout import channels_first, channels_last, subsample, subsample_backward
@@ -40,6 +41,7 @@ KERNELS = (
     Conv2dGemmClForward,
     Conv2dGemmClDx,
     Conv2dGemmClDw,
+    Conv2dTmaDw,
     Conv2dGemmForward,
     Conv2dGemmDx,
     Conv2dGemmDw,
@@ -250,17 +252,31 @@ class _Problem:
         constants = self.geometry + (self.has_bias, self.tf32, config.block_m, config.block_n, config.block_k, block_q)
         return _kernel(Conv2dGemmClForward, constants, self.dtype, config.num_warps, config.num_stages)
 
-    def cl_dx_weight(self, weight):
-        """The dx kernel's weight operand: [KH, KW, C_IN, C_OUT] for tensor-core products (TF32
-        wants it contiguous along the reduced c_out), [KH, KW, C_OUT, C_IN] for full fp32 (see
-        `Conv2dGemmClDx`). Tiny next to the activations."""
-        return weight.permute(*((2, 3, 1, 0) if self.tf32 else (2, 3, 0, 1))).contiguous()
+    @staticmethod
+    def cl_dx_weight(weight):
+        """The dx kernel's weight operand, [KH, KW, C_IN, C_OUT]: contiguous along the reduced c_out,
+        as TF32 tensor cores want it (see `Conv2dGemmClDx`). Tiny next to the activations."""
+        return weight.permute(2, 3, 1, 0).contiguous()
 
     def cl_dx_kernel(self, config):
         block_q = tuning.image_tile(config.block_m, self.pixels_per_phase)
-        constants = self.geometry + (self.tf32, self.tf32, self.dx_nhwc, config.block_m, config.block_n,
+        constants = self.geometry + (self.tf32, self.dx_nhwc, config.block_m, config.block_n,
                                      config.block_k, block_q)
         return _kernel(Conv2dGemmClDx, constants, self.dtype, config.num_warps, config.num_stages)
+
+    def tma_dw(self, device):
+        """dw from TMA boxes (`Conv2dTmaDw`): channels-last, stride 1, on GPUs with a TMA unit
+        (compute capability 9.0 and up) and in the interpreter."""
+        has_tma = device.type == "cpu" or torch.cuda.get_device_capability(device) >= (9, 0)
+        return self.channels_last and self.stride == (1, 1) and has_tma
+
+    def tma_dw_candidates(self):
+        return tuning.tma_dw_candidates(self.C_OUT, self.C_IN, self.KH, self.KW, self.B, self.OH, self.OW, self.dtype)
+
+    def tma_dw_kernel(self, config, with_bias):
+        box = tuning.tma_box(self.OH, self.OW, config.block_k)
+        constants = self.geometry + (with_bias, self.tf32, config.taps, config.block_m, config.block_n) + box
+        return _kernel(Conv2dTmaDw, constants, self.dtype, config.num_warps, config.num_stages)
 
     def cl_dw_kernel(self, config, with_bias):
         tap_span = max(1, config.block_n // self.C_IN)  # a column tile wider than C_IN spans taps
@@ -348,9 +364,15 @@ class _Problem:
         constants = (with_bias, self.tf32, config.block_m, config.block_n, config.block_k)
         return _kernel(Conv2dPointwiseDw, constants, self.dtype, config.num_warps, config.num_stages)
 
-    def reduce_kernel(self, with_bias):
+    def dw_taps(self, tma_dw):
+        """The reduce's TAPS: KH*KW after the TMA dw (tap-major partials), else 1."""
+        return self.KH * self.KW if tma_dw else 1
+
+    def reduce_kernel(self, with_bias, taps=1):
+        """The dw reduce; `taps` = KH*KW for the TMA dw's tap-major partials, 1 for dw-ordered ones."""
         row = dw_partial_size(self.C_OUT, self.cin_per_group, self.KH, self.KW, with_bias)
-        return _kernel(Conv2dDwReduce, (with_bias, tuning.reduce_block(row)), self.dtype, 4, 1)
+        constants = (with_bias, taps, tuning.DW_REDUCE_ROWS, tuning.reduce_block(row))
+        return _kernel(Conv2dDwReduce, constants, self.dtype, 4, 1)
 
 
 def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype=torch.float32,
@@ -383,13 +405,17 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
             kernels.append(problem.cl_dx_kernel(config))
         else:
             kernels.append(problem.dx_kernel(tuning.peek("conv2d_dx", problem.key, problem.dx_candidates())))
-        if problem.channels_last:
+        tma_dw = problem.tma_dw(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        if tma_dw:
+            config = tuning.peek("conv2d_tma_dw", problem.key + (bias,), problem.tma_dw_candidates())
+            kernels.append(problem.tma_dw_kernel(config, bias))
+        elif problem.channels_last:
             config = tuning.peek("conv2d_cl_dw", problem.key + (bias,), problem.cl_dw_candidates())
             kernels.append(problem.cl_dw_kernel(config, bias))
         else:
             kernels.append(problem.dw_kernel(tuning.peek("conv2d_dw", problem.key + (bias,), problem.dw_candidates()),
                                              bias))
-        kernels.append(problem.reduce_kernel(bias))
+        kernels.append(problem.reduce_kernel(bias, problem.dw_taps(tma_dw)))
     return [k.id for k in kernels]
 
 
@@ -449,13 +475,17 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     else:
         for config in pick(p.dx_candidates()):
             _launch(p.dx_kernel(config), y, weight, dx, *p.sizes)
-    for config in pick(p.cl_dw_candidates() if p.channels_last else p.dw_candidates()):
+    tma_dw = p.tma_dw(x.device)
+    candidates = p.tma_dw_candidates() if tma_dw else p.cl_dw_candidates() if p.channels_last else p.dw_candidates()
+    for config in pick(candidates):
         partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
-        if p.channels_last:
+        if tma_dw:
+            _launch(p.tma_dw_kernel(config, bias), y_cl, x_cl, partial, *p.sizes, config.split)
+        elif p.channels_last:
             _launch(p.cl_dw_kernel(config, bias), y_cl, x_cl, partial, *p.sizes, config.split)
         else:
             _launch(p.dw_kernel(config, bias), y, x, partial, *p.sizes, config.split)
-        _launch(p.reduce_kernel(bias), partial, dw, dbias, config.split, weight.numel(), p.C_OUT)
+        _launch(p.reduce_kernel(bias, p.dw_taps(tma_dw)), partial, dw, dbias, config.split, weight.numel(), p.C_OUT)
 
 
 # ---- the work ----
@@ -554,6 +584,16 @@ def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None):
 
         run_pointwise(tuning.choose("conv2d_pointwise_dw", problem.key + (with_bias,), problem.pointwise_dw_candidates(),
                                     run_pointwise))
+    elif problem.tma_dw(x.device):
+        x_cl = channels_last(x)
+        tap_major_reduce = problem.reduce_kernel(with_bias, problem.dw_taps(True))
+
+        def run_tma(config):
+            partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
+            _launch(problem.tma_dw_kernel(config, with_bias), grad_y_cl, x_cl, partial, *problem.sizes, config.split)
+            _launch(tap_major_reduce, partial, dw, dbias if with_bias else dw, config.split, n_dw, problem.C_OUT)
+
+        run_tma(tuning.choose("conv2d_tma_dw", problem.key + (with_bias,), problem.tma_dw_candidates(), run_tma))
     elif problem.channels_last:
         x_cl = channels_last(x)
 

@@ -18,6 +18,7 @@ from .checks import check_numel
 from .conv2d_gemm_dw import dw_partial_size
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
+from .tensor_core import conv_dot
 
 
 def check_image_tiles(k):
@@ -61,7 +62,7 @@ def conv2d_gemm_cl_forward(
     A tile's BLOCK_Q pixels of one image are consecutive in NCHW, and the compiler can see it
     (q is BLOCK_Q-contiguous): coalesced stores, measured 4x faster on the H200 than tiles whose
     pixels run across image boundaries.
-    Tensor-core products (TF32 for fp32 when TF32), fp32 accumulation, y rounded once; every
+    Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 accumulation, y rounded once; every
     element of y is written; bias read only when HAS_BIAS.
     """
     pid_m = tl.program_id(0)
@@ -91,10 +92,7 @@ def conv2d_gemm_cl_forward(
         x_tile = tl.load(x + x_pixel[:, None] + ((dh * W + dw) * C_IN + c_first + channel)[None, :],
                          mask=inside[:, None], other=0.0)
         w_tile = tl.load(w_rows + k_first + channel[None, :], mask=c_out_ok[:, None], other=0.0)
-        if TF32:
-            acc = tl.dot(x_tile, tl.trans(w_tile), acc, input_precision="tf32")
-        else:
-            acc = tl.dot(x_tile, tl.trans(w_tile), acc, input_precision="ieee")
+        acc = conv_dot(x_tile, tl.trans(w_tile), acc, TF32)
     if HAS_BIAS:
         acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(
@@ -145,7 +143,7 @@ def conv2d_gemm_cl_dw(
             * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
     (x read as 0 outside the image) and, when HAS_BIAS, the tiles of the first taps and channels
     also write partial[s, C_OUT*C_IN*KH*KW + c_out] = sum over p of dy[b, oh, ow, c_out].
-    Tensor-core products (TF32 for fp32 when TF32), fp32 sums; every element of `partial` is written.
+    Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 sums; every element of `partial` is written.
     """
     pid_tile = tl.program_id(0)
     split = tl.program_id(1)
@@ -182,10 +180,7 @@ def conv2d_gemm_cl_dw(
         x_pixel = (((p // ohw).to(tl.int64)[:, None] * H + ih) * W + iw) * C_IN
         x_taps = tl.load(x + x_pixel[:, :, None] + c_in[None, None, :], mask=inside[:, :, None], other=0.0)
         x_tile = tl.reshape(x_taps, [BLOCK_K, BLOCK_N])
-        if TF32:
-            acc = tl.dot(tl.trans(dy_tile), x_tile, acc, input_precision="tf32")
-        else:
-            acc = tl.dot(tl.trans(dy_tile), x_tile, acc, input_precision="ieee")
+        acc = conv_dot(tl.trans(dy_tile), x_tile, acc, TF32)
         if HAS_BIAS:
             dbias += tl.sum(dy_tile.to(tl.float32), axis=0)
     row_len = C_OUT * C_IN * taps
@@ -203,6 +198,7 @@ def conv2d_gemm_cl_dw(
 
 Conv2dGemmClForward = kernel_object(
     conv2d_gemm_cl_forward,
+    helpers=(conv_dot,),
     example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 128, 64, 64, 128),
     entry=conv2d_gemm_cl_forward_entry,
     nonnegative=("PAD_H", "PAD_W"),
@@ -212,6 +208,7 @@ Conv2dGemmClForward = kernel_object(
 )
 Conv2dGemmClDw = kernel_object(
     conv2d_gemm_cl_dw,
+    helpers=(conv_dot,),
     example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64, 1),
     entry=conv2d_gemm_cl_dw_entry,
     pointer_dtypes={"partial": torch.float32},

@@ -22,6 +22,7 @@ from .conv2d_gemm_channels_last import check_image_tiles
 from .conv2d_gemm_dx import phase_taps
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
+from .tensor_core import conv_dot
 
 
 def conv2d_gemm_cl_dx_entry(k, a):
@@ -31,7 +32,7 @@ def conv2d_gemm_cl_dx_entry(k, a):
     images = check_image_tiles(k)
     if a.C_OUT % k.block_k:
         raise ValueError(f"C_OUT: expected a multiple of block_k = {k.block_k}, got {a.C_OUT}")
-    check_numel("w_t", a.w_t, k.kh * k.kw * a.C_IN * a.C_OUT, "KH*KW*C_IN*C_OUT")  # either layout
+    check_numel("w_t", a.w_t, k.kh * k.kw * a.C_IN * a.C_OUT, "KH*KW*C_IN*C_OUT")
     pixels_per_phase = cdiv(a.H, k.stride_h) * cdiv(a.W, k.stride_w)
     return check_grid_3d(cdiv(a.B, images) * cdiv(pixels_per_phase, k.block_q),
                          cdiv(a.C_IN, k.block_n), k.stride_h * k.stride_w)
@@ -42,17 +43,13 @@ def conv2d_gemm_cl_dx(
     dy, w_t, dx, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    TF32: tl.constexpr, W_COUT_INNER: tl.constexpr, DX_NHWC: tl.constexpr,
+    TF32: tl.constexpr, DX_NHWC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     """2-D convolution data gradient (groups = 1) from channels-last dy; gather form, no atomics.
 
-    dy is [B, OH, OW, C_OUT] and w_t is the weight as [KH, KW, C_IN, C_OUT] when W_COUT_INNER (both
-    operands contiguous along the reduced c_out, as TF32 tensor cores need them), else as
-    [KH, KW, C_OUT, C_IN], for the FMA products of full fp32 (on the H200 the whole TF32-off
-    backward of r50 64@56 took 0.48 ms with this layout and 0.81 ms with the other, where the
-    tuner timed dx alone at 0.475 ms; its PTX reads shared memory 16 bytes at a time 64 times
-    against 40); both contiguous;
+    dy is [B, OH, OW, C_OUT] and w_t is the weight as [KH, KW, C_IN, C_OUT] (both operands
+    contiguous along the reduced c_out, as TF32 tensor cores need them), both contiguous;
     dx is NCHW, or [B, H, W, C_IN] when DX_NHWC;
     C_OUT % BLOCK_K == 0; one image of dy and one of dx hold fewer than 2**31 elements. A pixel
     tile is I = BLOCK_M/BLOCK_Q images by BLOCK_Q pixels of one phase of each.
@@ -64,8 +61,8 @@ def conv2d_gemm_cl_dx(
         dx = sum over (kh, kw, c_out) of dy[b, oh, ow, c_out] * w_t[kh, kw, c_in, c_out],
         oh = (ih + PAD_H - kh*DIL_H) / STRIDE_H, ow = (iw + PAD_W - kw*DIL_W) / STRIDE_W,
     over the taps where both divisions are exact and (oh, ow) lies in dy (`phase_taps`); K runs
-    over (tap pairs, c_out) in BLOCK_K slices, each inside one tap. Tensor-core products (TF32
-    for fp32 when TF32), fp32 accumulation, dx rounded once; every element of dx is written (0
+    over (tap pairs, c_out) in BLOCK_K slices, each inside one tap. Tensor-core products
+    (`conv_dot`: fp32 as TF32 or tf32x3), fp32 accumulation, dx rounded once; every element of dx is written (0
     where no tap reaches it).
     """
     pid_m = tl.program_id(0)
@@ -106,16 +103,9 @@ def conv2d_gemm_cl_dx(
         dy_tile = tl.load(dy + (dy_image_first + (oh * OW + ow) * C_OUT + c_first)[:, None] + channel[None, :],
                           mask=inside[:, None], other=0.0)
         tap = (first_h + t_h * step_h) * KW + first_w + t_w * step_w
-        if W_COUT_INNER:
-            w_rows = (tap * C_IN + c_in).to(tl.int64) * C_OUT + c_first
-            w_tile = tl.trans(tl.load(w_t + w_rows[:, None] + channel[None, :], mask=c_in_ok[:, None], other=0.0))
-        else:
-            w_rows = (tap * C_OUT + c_first + channel).to(tl.int64) * C_IN
-            w_tile = tl.load(w_t + w_rows[:, None] + c_in[None, :], mask=c_in_ok[None, :], other=0.0)
-        if TF32:
-            acc = tl.dot(dy_tile, w_tile, acc, input_precision="tf32")
-        else:
-            acc = tl.dot(dy_tile, w_tile, acc, input_precision="ieee")
+        w_rows = (tap * C_IN + c_in).to(tl.int64) * C_OUT + c_first
+        w_tile = tl.trans(tl.load(w_t + w_rows[:, None] + channel[None, :], mask=c_in_ok[:, None], other=0.0))
+        acc = conv_dot(dy_tile, w_tile, acc, TF32)
     if DX_NHWC:
         pixel_first = ((b.to(tl.int64) * H + ih) * W + iw) * C_IN
         tl.store(dx + pixel_first[:, None] + c_in[None, :], acc.to(dx.dtype.element_ty),
@@ -134,11 +124,11 @@ def conv2d_gemm_cl_dx(
 
 Conv2dGemmClDx = kernel_object(
     conv2d_gemm_cl_dx,
-    helpers=(phase_taps,),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, True, True, False, 128, 64, 64, 128),
+    helpers=(phase_taps, conv_dot),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, True, False, 128, 64, 64, 128),
     entry=conv2d_gemm_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
-    flags=("TF32", "W_COUT_INNER", "DX_NHWC"),
+    flags=("TF32", "DX_NHWC"),
     num_warps=4,
     num_stages=3,
 )

@@ -15,6 +15,7 @@ from ..kernel import kernel_object
 from .checks import check_grid, check_numel
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
+from .tensor_core import conv_dot
 
 
 def dw_partial_size(c_out, cin_per_group, kh, kw, has_bias):
@@ -51,7 +52,7 @@ def conv2d_gemm_dw(
             * x[b, g*(C_IN/G) + c_in_local, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W]
     (x read as 0 outside the image) and, when HAS_BIAS, the programs of the first n tile also write
         partial[s, C_OUT*(C_IN/G)*KH*KW + c_out] = sum over p of dy[b, c_out, oh, ow].
-    Tensor-core products (TF32 for fp32 when TF32), fp32 sums. Every element of `partial` is written.
+    Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 sums. Every element of `partial` is written.
     """
     pid_tile = tl.program_id(0)
     split = tl.program_id(1)
@@ -97,10 +98,7 @@ def conv2d_gemm_dw(
         x_pixel = b.to(tl.int64) * C_IN * H * W + ih_first * W + iw_first
         # [n, pixels]: the pixel axis, contiguous in NCHW, is the fastest one.
         x_tile = tl.load(x + x_column[:, None] + x_pixel[None, :], mask=inside, other=0.0)
-        if TF32:
-            acc = tl.dot(dy_tile, tl.trans(x_tile), acc, input_precision="tf32")
-        else:
-            acc = tl.dot(dy_tile, tl.trans(x_tile), acc, input_precision="ieee")
+        acc = conv_dot(dy_tile, tl.trans(x_tile), acc, TF32)
         if HAS_BIAS:
             dbias += tl.sum(dy_tile.to(tl.float32), axis=1)
     row_len = C_OUT * n_total
@@ -116,6 +114,10 @@ def conv2d_gemm_dw(
 
 def conv2d_dw_reduce_entry(k, a):
     """Grid (cdiv(N_DW [+ C_OUT with HAS_BIAS], BLOCK),) for `Conv2dDwReduce`."""
+    if k.split_rows & (k.split_rows - 1):
+        raise ValueError(f"split_rows: expected a power of two, got {k.split_rows}")
+    if a.N_DW % k.taps:
+        raise ValueError(f"N_DW: expected a multiple of taps = {k.taps}, got {a.N_DW}")
     row = a.N_DW + (a.C_OUT if k.has_bias else 0)
     check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(N_DW [+ C_OUT with HAS_BIAS])")
     check_numel("dw", a.dw, a.N_DW, "N_DW")
@@ -125,15 +127,19 @@ def conv2d_dw_reduce_entry(k, a):
 
 
 @triton.jit
-def conv2d_dw_reduce(partial, dw, dbias, SPLIT, N_DW, C_OUT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """Sum of the split partial gradients, in split order.
+def conv2d_dw_reduce(partial, dw, dbias, SPLIT, N_DW, C_OUT, HAS_BIAS: tl.constexpr, TAPS: tl.constexpr,
+                     SPLIT_ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Sum of the split partial gradients, in a fixed order; tap-major partials put in dw's order.
 
     Grid: (cdiv(R, BLOCK),), R = N_DW (+ C_OUT when HAS_BIAS) the length of one partial row.
-    Program i takes the BLOCK columns j of its tile and forms
-        total[j] = ((partial[0, j] + partial[1, j]) + ...) + partial[SPLIT-1, j]
-    in fp32 in that order, rounded once: dw[j] = total[j] for j < N_DW, and, when HAS_BIAS,
-    dbias[j - N_DW] = total[j] for the rest. Every element of dw (and dbias) is written;
-    dbias is not touched unless HAS_BIAS.
+    Program i takes the BLOCK columns j of its tile and forms total[j], the fp32 sum over the SPLIT
+    rows of partial[s, j]: SPLIT_ROWS rows at a time (loads in flight together: one row at a time
+    waited on memory for each), each group summed by the same tree every run and the groups added in
+    split order; rounded once. With TAPS = 1 the partials are in dw's order, dw[j] = total[j]; with
+    TAPS = KH*KW they are tap-major (j = tap*P + c_out*C_IN + c_in, P = N_DW/TAPS, as the TMA dw
+    writes them) and dw[(j mod P)*TAPS + j div P] = total[j], dw's [C_OUT, C_IN, KH, KW] order.
+    When HAS_BIAS, dbias[j - N_DW] = total[j] for j >= N_DW. Every element of dw (and dbias) is
+    written; dbias is not touched unless HAS_BIAS.
     """
     row_len = N_DW
     if HAS_BIAS:
@@ -141,17 +147,24 @@ def conv2d_dw_reduce(partial, dw, dbias, SPLIT, N_DW, C_OUT, HAS_BIAS: tl.conste
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     j_ok = j < row_len
     total = tl.zeros([BLOCK], dtype=tl.float32)
-    split_row = partial + j
-    for _ in range(0, SPLIT):
-        total += tl.load(split_row, mask=j_ok, other=0.0)
-        split_row += row_len
-    tl.store(dw + j, total.to(dw.dtype.element_ty), mask=j < N_DW)
+    split_rows = tl.arange(0, SPLIT_ROWS)
+    for first in range(0, SPLIT, SPLIT_ROWS):
+        rows = first + split_rows
+        ok = (rows < SPLIT)[:, None] & j_ok[None, :]
+        total += tl.sum(tl.load(partial + rows.to(tl.int64)[:, None] * row_len + j[None, :], mask=ok, other=0.0), axis=0)
+    if TAPS == 1:
+        dw_index = j
+    else:
+        plane = N_DW // TAPS
+        dw_index = (j % plane) * TAPS + j // plane
+    tl.store(dw + dw_index, total.to(dw.dtype.element_ty), mask=j < N_DW)
     if HAS_BIAS:
         tl.store(dbias + (j - N_DW), total.to(dbias.dtype.element_ty), mask=j_ok & (j >= N_DW))
 
 
 Conv2dGemmDw = kernel_object(
     conv2d_gemm_dw,
+    helpers=(conv_dot,),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64),
     entry=conv2d_gemm_dw_entry,
     pointer_dtypes={"partial": torch.float32},
@@ -162,7 +175,7 @@ Conv2dGemmDw = kernel_object(
 )
 Conv2dDwReduce = kernel_object(
     conv2d_dw_reduce,
-    example=(False, 1024),
+    example=(False, 1, 8, 1024),
     entry=conv2d_dw_reduce_entry,
     flags=("HAS_BIAS",),
     pointer_dtypes={"partial": torch.float32},

@@ -13,6 +13,7 @@ import triton.language as tl
 from ..kernel import kernel_object
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
+from .tensor_core import conv_dot
 
 
 def conv2d_gemm_dx_entry(k, a):
@@ -62,7 +63,7 @@ def conv2d_gemm_dx(
         oh = (ih + PAD_H - kh*DIL_H) / STRIDE_H, ow = (iw + PAD_W - kw*DIL_W) / STRIDE_W,
     over the taps where both divisions are exact and (oh, ow) lies in dy. Those taps are, per axis,
     an arithmetic progression (first, first + step, ...); K runs over (tap pairs, c_out_local) in
-    BLOCK_K slices. Tensor-core products (TF32 for fp32 when TF32), fp32 accumulation, dx rounded
+    BLOCK_K slices. Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 accumulation, dx rounded
     once; every element of dx is written (0 where no tap reaches it).
     """
     pid_m = tl.program_id(0)
@@ -117,10 +118,7 @@ def conv2d_gemm_dx(
         w_k = (group * cout_per_group + c_out) * (cin_per_group * taps) + (first_h + t_h * step_h) * KW \
             + first_w + t_w * step_w
         w_tile = tl.load(w + w_k[:, None] + w_column[None, :], mask=k_ok[:, None] & c_in_ok[None, :], other=0.0)
-        if TF32:
-            acc = tl.dot(tl.trans(dy_tile), w_tile, acc, input_precision="tf32")
-        else:
-            acc = tl.dot(tl.trans(dy_tile), w_tile, acc, input_precision="ieee")
+        acc = conv_dot(tl.trans(dy_tile), w_tile, acc, TF32)
     dx_pixel = b.to(tl.int64) * C_IN * H * W + ih * W + iw
     dx_channel = (group * cin_per_group + c_in).to(tl.int64) * H * W
     tl.store(
@@ -132,7 +130,7 @@ def conv2d_gemm_dx(
 
 Conv2dGemmDx = kernel_object(
     conv2d_gemm_dx,
-    helpers=(phase_taps,),
+    helpers=(phase_taps, conv_dot),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, 128, 64, 32),
     entry=conv2d_gemm_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),

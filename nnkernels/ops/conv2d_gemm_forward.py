@@ -13,6 +13,7 @@ import triton.language as tl
 from ..kernel import kernel_object
 from .checks import check_grid, check_numel
 from .host_math import cdiv
+from .tensor_core import conv_dot
 
 GRID_AXIS_MAX = 65535  # CUDA's limit on grid axes 1 and 2
 
@@ -80,7 +81,7 @@ def conv2d_gemm_forward(
         y = bias[c_out] + sum over (c_in_local, kh, kw) of w[c_out, c_in_local, kh, kw]
             * x[b, g*(C_IN/G) + c_in_local, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W],
     x read as 0 outside the image; the sum runs over K = (C_IN/G)*KH*KW in BLOCK_K slices.
-    Products on tensor cores (fp32 inputs as TF32 when TF32, else full fp32), accumulation in fp32,
+    Products on tensor cores (`conv_dot`: fp32 as TF32 or tf32x3), accumulation in fp32,
     y rounded once. Every element of y is written; bias is read only when HAS_BIAS.
     """
     pid_m = tl.program_id(0)
@@ -120,10 +121,7 @@ def conv2d_gemm_forward(
         # Tiles are [K, pixels] so that the pixel axis, contiguous in NCHW, is the fastest one.
         x_tile = tl.load(x + x_pixel[None, :] + (c_in_local * H * W + dh * W + dw)[:, None], mask=inside, other=0.0)
         w_tile = tl.load(w + w_rows[:, None] + k[None, :], mask=c_out_ok[:, None] & k_ok[None, :], other=0.0)
-        if TF32:
-            acc = tl.dot(tl.trans(x_tile), tl.trans(w_tile), acc, input_precision="tf32")
-        else:
-            acc = tl.dot(tl.trans(x_tile), tl.trans(w_tile), acc, input_precision="ieee")
+        acc = conv_dot(tl.trans(x_tile), tl.trans(w_tile), acc, TF32)
     if HAS_BIAS:
         bias_values = tl.load(bias + group * cout_per_group + c_out, mask=c_out_ok, other=0.0)
         acc += bias_values.to(tl.float32)[None, :]
@@ -138,6 +136,7 @@ def conv2d_gemm_forward(
 
 Conv2dGemmForward = kernel_object(
     conv2d_gemm_forward,
+    helpers=(conv_dot,),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, 128, 64, 32),
     entry=conv2d_gemm_forward_entry,
     nonnegative=("PAD_H", "PAD_W"),

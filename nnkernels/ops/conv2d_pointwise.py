@@ -15,6 +15,7 @@ from .checks import check_grid, check_numel
 from .conv2d_gemm_dw import dw_partial_size
 from .conv2d_gemm_forward import check_grid_3d
 from .host_math import cdiv
+from .tensor_core import conv_dot
 
 
 def conv2d_pointwise_entry(k, a):
@@ -39,8 +40,11 @@ def conv2d_pointwise(
     because axes 1 and 2 stop at 65535. Program (b * cdiv(HW, BLOCK_N) + pn, pm) writes y[b, c_out, p]
     for the BLOCK_M channels c_out of tile pm and the BLOCK_N pixels p of tile pn:
         y[b, c_out, p] = bias[c_out] + sum over c_in of w[c_out, c_in] * x[b, c_in, p],
-    the sum over C_IN in BLOCK_K slices on tensor cores (fp32 as TF32 when TF32), accumulated in
-    fp32, y rounded once. Every element of y is written; bias is read only when HAS_BIAS.
+    the sum over C_IN in BLOCK_K slices, accumulated in fp32, y rounded once: on tensor cores, fp32
+    in TF32 when TF32; fp32 otherwise in FMA products, not `conv_dot`'s tf32x3 (the x tile runs
+    along pixels, not the reduced channels, which TF32 tensor cores cannot read as it is: on the
+    H200, B32 256->64 @56 took 99 µs with FMA products and 180 µs with tf32x3; 64->256, 107 and
+    142). Every element of y is written; bias is read only when HAS_BIAS.
     Called with w transposed ([C_IN, C_OUT] of the forward) and dy for x, it computes dx.
     """
     pixel_tiles = tl.cdiv(HW, BLOCK_N)
@@ -109,7 +113,7 @@ def conv2d_pointwise_dw(
         partial[s, c_out*C_IN + c_in] = sum over its steps' pixels of dy[b, c_out, p] * x[b, c_in, p]
     for its BLOCK_M x BLOCK_N tile and, when HAS_BIAS, the programs of the first c_in tile write
         partial[s, C_OUT*C_IN + c_out] = sum over the same pixels of dy[b, c_out, p].
-    Tensor-core products (TF32 for fp32 when TF32), fp32 sums; every element of `partial` is
+    Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 sums; every element of `partial` is
     written. Conv2dDwReduce then adds the slices in order (deterministic).
     """
     pid_tile = tl.program_id(0)
@@ -135,10 +139,7 @@ def conv2d_pointwise_dw(
                           mask=c_out_ok[:, None] & pixel_ok[None, :], other=0.0)
         x_tile = tl.load(x + (b.to(tl.int64) * C_IN + c_in[None, :]) * HW + pixel[:, None],
                          mask=pixel_ok[:, None] & c_in_ok[None, :], other=0.0)
-        if TF32:
-            acc = tl.dot(dy_tile, x_tile, acc, input_precision="tf32")
-        else:
-            acc = tl.dot(dy_tile, x_tile, acc, input_precision="ieee")
+        acc = conv_dot(dy_tile, x_tile, acc, TF32)
         if HAS_BIAS:
             dbias += tl.sum(dy_tile.to(tl.float32), axis=1)
     row_len = C_OUT * C_IN
@@ -153,6 +154,7 @@ def conv2d_pointwise_dw(
 
 Conv2dPointwiseDw = kernel_object(
     conv2d_pointwise_dw,
+    helpers=(conv_dot,),
     example=(False, True, 64, 64, 64),
     entry=conv2d_pointwise_dw_entry,
     pointer_dtypes={"partial": torch.float32},

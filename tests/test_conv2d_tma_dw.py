@@ -1,0 +1,110 @@
+"""The TMA-box weight gradient (`Conv2dTmaDw`) and the tap-major reduce, launched directly.
+
+References: torch's convolution backward in float64 on the same data; partials and outputs
+poisoned with NaN before launch; boxes that divide neither the output's rows nor its columns,
+channel tiles wider than the channels, so every edge of a box and of a tile is ragged.
+"""
+import pytest
+import torch
+
+from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce, dw_partial_size
+from nnkernels import tuning
+from nnkernels.ops.conv2d_tma_dw import Conv2dTmaDw
+from support import DEVICE, DTYPES, assert_close, dtype_id, poisoned, randn
+
+# (B, C_IN, C_OUT, H, W, KH, KW, pad, dilation, bias)
+CASES = [
+    pytest.param((2, 16, 24, 7, 6, 3, 3, (1, 1), (1, 1), True), id="3x3-pad1-bias"),
+    pytest.param((1, 16, 16, 9, 5, 3, 2, (2, 0), (2, 1), False), id="rect-dilated-unpadded-columns"),
+    pytest.param((3, 32, 16, 5, 11, 1, 1, (0, 0), (1, 1), True), id="1x1"),
+    # Kernel row 0 and column 0 meet only padding (H + 2*pad spans exactly one dilated window).
+    pytest.param((2, 16, 16, 2, 3, 3, 3, (2, 2), (2, 2), False), id="taps-on-padding-only"),
+]
+
+
+def _tma_dw(case, dtype, row_taps, split, box=(4, 4), blocks=(16, 16)):
+    """(dw, dbias) from Conv2dTmaDw + the tap-major reduce, and torch's float64 (dw, dbias)."""
+    B, C_IN, C_OUT, H, W, KH, KW, pad, dil, has_bias = case
+    OH, OW = H + 2 * pad[0] - dil[0] * (KH - 1), W + 2 * pad[1] - dil[1] * (KW - 1)
+    x, dy = randn(B, C_IN, H, W, dtype=dtype), randn(B, C_OUT, OH, OW, dtype=dtype)
+    partial = poisoned(split, dw_partial_size(C_OUT, C_IN, KH, KW, has_bias))
+    kernel = Conv2dTmaDw(KH, KW, 1, 1, *pad, *dil, has_bias, False, row_taps, *blocks, *box, dtype=dtype)
+    kernel.launch(dy.permute(0, 2, 3, 1).contiguous(), x.permute(0, 2, 3, 1).contiguous(), partial,
+                  B, C_IN, C_OUT, H, W, OH, OW, split)
+    dw, dbias = poisoned(C_OUT, C_IN, KH, KW, dtype=dtype), poisoned(C_OUT, dtype=dtype)
+    Conv2dDwReduce(has_bias, KH * KW, 2, 64, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
+                                                                  dw.numel(), C_OUT)
+    x64 = x.double().cpu().requires_grad_()
+    w64 = torch.zeros(C_OUT, C_IN, KH, KW, dtype=torch.float64, requires_grad=True)
+    b64 = torch.zeros(C_OUT, dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.conv2d(x64, w64, b64, 1, pad, dil).backward(dy.double().cpu())
+    return (dw, dbias if has_bias else None), (w64.grad, b64.grad if has_bias else None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("row_taps", ["one-tap", "kernel-row"])
+@pytest.mark.parametrize("case", CASES)
+def test_tma_dw_matches_float64(case, row_taps, dtype):
+    taps = 1 if row_taps == "one-tap" else case[6]
+    ours, refs = _tma_dw(case, dtype, taps, split=2)
+    for out, ref in zip(ours, refs):
+        if ref is not None:
+            assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("split", [1, 6], ids=["one-slice", "six-slices"])
+@pytest.mark.parametrize("box", [(2, 8), (8, 2)], ids=["wide-boxes", "tall-boxes"])
+def test_tma_dw_boxes_and_splits(box, split):
+    """Boxes of other shapes over the 2 images' 7x6 outputs (8 boxes of 2x8, 6 of 8x2), in one
+    slice or in six of one or two boxes each."""
+    case = CASES[0].values[0]
+    ours, refs = _tma_dw(case, torch.float32, 3, split, box=box, blocks=(32, 16))
+    for out, ref in zip(ours, refs):
+        assert_close(out, ref, torch.float32)
+
+
+def test_tap_major_reduce_puts_partials_in_dw_order():
+    """partial[s, tap*C_OUT*C_IN + c_out*C_IN + c_in] summed over s lands at dw[c_out, c_in, tap]."""
+    C_OUT, C_IN, taps, split = 3, 5, 6, 5
+    partial = randn(split, taps, C_OUT, C_IN)
+    dw = poisoned(C_OUT, C_IN, 2, 3)
+    Conv2dDwReduce(False, taps, 4, 16).launch(partial, dw, dw, split, dw.numel(), C_OUT)
+    expected = partial.double().sum(0).permute(1, 2, 0).reshape(C_OUT, C_IN, 2, 3)
+    assert_close(dw, expected, torch.float32)
+
+
+def _launch_args(C, split, B=1, H=4, W=4):
+    """dy, x (both 4x4, so one 4x4 box), partial, sizes, SPLIT."""
+    x, dy = torch.zeros(B, H, W, C, device=DEVICE), torch.zeros(B, H, W, C, device=DEVICE)
+    partial = poisoned(split, dw_partial_size(C, C, 3, 3, False))
+    return [dy, x, partial, B, C, C, H, W, H, W, split]
+
+
+@pytest.mark.parametrize("constants, args, match", [
+    ((3, 3, 2, 1, 1, 1, 1, 1, False, False, 1, 16, 16, 4, 4), {}, "stride: expected"),
+    ((3, 3, 1, 1, 1, 1, 1, 1, False, False, 2, 16, 16, 4, 4), {}, "row_taps: expected a divisor of KW"),
+    ((3, 3, 1, 1, 1, 1, 1, 1, False, False, 1, 16, 16, 4, 4), {"C": 6}, "C_IN: expected a multiple of 4"),
+    ((3, 3, 1, 1, 1, 1, 1, 1, False, False, 1, 16, 16, 4, 4), {"split": 2}, r"SPLIT: expected at most .* = 1 slices"),
+    ((3, 3, 1, 1, 1, 1, 1, 1, False, False, 1, 16, 16, 4, 3), {}, "box_w: expected a power of two"),
+])
+def test_tma_dw_launch_checks(constants, args, match):
+    """Bad launches raise a ValueError naming the argument, and write nothing."""
+    launch = _launch_args(args.get("C", 16), args.get("split", 1))
+    with pytest.raises(ValueError, match=match):
+        Conv2dTmaDw(*constants).launch(*launch)
+    assert torch.isnan(launch[2]).all()
+
+
+@pytest.mark.parametrize("plane, pixels, box", [((56, 56), 64, (8, 8)), ((28, 28), 64, (2, 32)),
+                                                ((14, 14), 64, (4, 16)), ((7, 7), 64, (8, 8)), ((7, 7), 32, (4, 8)),
+                                                ((1, 100), 64, (1, 64))])
+def test_tma_box_wastes_least(plane, pixels, box):
+    """The box covers the plane with the fewest wasted pixels, the widest among equals."""
+    rows, cols = plane
+    assert tuning.tma_box(rows, cols, pixels) == box
+
+    def covered(b):
+        return -(-rows // b[0]) * b[0] * -(-cols // b[1]) * b[1]
+
+    others = [(pixels // (1 << i), 1 << i) for i in range(pixels.bit_length()) if 1 << i <= pixels]
+    assert all(covered(box) <= covered(other) for other in others)
