@@ -291,14 +291,17 @@ def _pow2_dividing(n: int) -> int:
 
 
 def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: int,
-                             dtype: torch.dtype) -> list[Config]:
+                             dtype: torch.dtype, taps: int = 0) -> list[Config]:
     """`gemm_candidates` for the channels-last forward and dx kernels. Their pixel tiles take
     `image_tile(block_m, pixels_per_image)` pixels of one image (one phase of one image for dx),
     so on the GPU a tile is no wider than that rounded up to a power of two, and at least the 64
     rows of a Hopper warpgroup MMA (several small images then share a tile); in the interpreter
     tiles span many images, for few programs. K slices must not straddle taps: BLOCK_K divides
     `c_in`, the channels reduced over (C_IN for the forward, C_OUT for dx). When the first guess
-    leaves SMs idle (fewer than two programs per SM), narrower channel tiles go first."""
+    leaves SMs idle (fewer than two programs per SM), narrower channel tiles go first. With `taps`
+    (the forward's KH*KW; its K is taps*c_in), a tile set with fewer programs than SMs is also
+    offered split over K (`split`: 2 to 4 slices, so about two programs per SM run), right after
+    itself: ResNet-50's 512-channel 7x7 layer has 52 tiles of 128 x 128 for 132 SMs."""
     limit = _pow2_dividing(c_in)
     widest = 4096 if INTERPRETED else max(64, pow2_at_least(pixels_per_image))
     found = [Config(min(c.block_m, widest), c.block_n, min(c.block_k, limit), c.num_warps, c.num_stages)
@@ -309,7 +312,21 @@ def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: in
         programs = tiles * -(-pixels_per_image // image_tile(first.block_m, pixels_per_image)) * -(-n // first.block_n)
         if programs < 2 * _num_sms() and first.block_n > 64:
             found.insert(0, Config(first.block_m, 64, first.block_k, 4, first.num_stages))
+        if taps:
+            found = [split for config in found for split in _split_k(config, batch, pixels_per_image, n,
+                                                                      taps * c_in)]
     return list(dict.fromkeys(found))
+
+
+def _split_k(config: Config, batch: int, pixels_per_image: int, n: int, k: int) -> list[Config]:
+    """`config`, then, when its tiles are fewer than the SMs, the same tiles split over K into 2 to 4
+    slices (about two programs per SM, each slice at least four K-steps)."""
+    per_tile = image_tile(config.block_m, pixels_per_image)
+    programs = -(-batch // (config.block_m // per_tile)) * -(-pixels_per_image // per_tile) * -(-n // config.block_n)
+    if programs >= _num_sms() or k // config.block_k < 8:
+        return [config]
+    split = max(2, min(4, 2 * _num_sms() // programs, k // config.block_k // 4))
+    return [config, Config(config.block_m, config.block_n, config.block_k, config.num_warps, config.num_stages, split)]
 
 
 def image_tile(block_m: int, pixels_per_image: int) -> int:

@@ -108,3 +108,30 @@ def test_tma_box_wastes_least(plane, pixels, box):
 
     others = [(pixels // (1 << i), 1 << i) for i in range(pixels.bit_length()) if 1 << i <= pixels]
     assert all(covered(box) <= covered(other) for other in others)
+
+
+@pytest.mark.parametrize("layer", [(32, 64, 56), (32, 256, 14), (32, 512, 7), (2, 48, 13)],
+                         ids=lambda layer: "x".join(map(str, layer)))
+def test_gpu_candidates_fill_the_sms_once(monkeypatch, layer):
+    """On a 132-SM GPU: the TMA dw's splits never start more programs than their per-SM target
+    allows (a second, nearly empty wave doubled the time), and the forward's split-K variants follow
+    their own tile set, only where it has fewer programs than SMs, in 2 to 4 slices of at least four
+    K-steps."""
+    batch, channels, size = layer
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "_num_sms", lambda: 132)
+    for dtype in (torch.bfloat16, torch.float32):
+        for config in tuning.tma_dw_candidates(channels, channels, 3, 3, batch, size, size, dtype):
+            tiles = -(-channels // config.block_m) * -(-channels // config.block_n) * 9 // config.taps
+            assert tiles * config.split <= 6 * 132 or config.split == 1
+            assert config.taps in (1, 3) and config.block_k == (32 if dtype == torch.float32 else 64)
+        found = tuning.channels_last_candidates(batch, size * size, channels, channels, dtype, taps=9)
+        for before, config in zip(found, found[1:]):
+            if config.split > 1:
+                assert (before.block_m, before.block_n, before.split) == (config.block_m, config.block_n, 1)
+                assert 2 <= config.split <= 4 and 9 * channels // config.block_k >= 4 * config.split
+        assert found[0].split == 1
+        assert all(c.split == 1 for c in tuning.channels_last_candidates(batch, size * size, channels, channels,
+                                                                         dtype))
+    if size <= 14 and channels >= 256:  # 52 to 98 tiles of 128 x 128 for 132 SMs: split K is offered
+        assert any(c.split > 1 for c in found)

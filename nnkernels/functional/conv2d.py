@@ -238,7 +238,8 @@ class _Problem:
         return self.sizes
 
     def cl_forward_candidates(self):
-        return tuning.channels_last_candidates(self.B, self.OH * self.OW, self.C_OUT, self.C_IN, self.dtype)
+        return tuning.channels_last_candidates(self.B, self.OH * self.OW, self.C_OUT, self.C_IN, self.dtype,
+                                               taps=self.KH * self.KW)
 
     def cl_dx_candidates(self):
         return tuning.channels_last_candidates(self.B, self.pixels_per_phase, self.C_IN, self.C_OUT, self.dtype)
@@ -249,8 +250,14 @@ class _Problem:
 
     def cl_forward_kernel(self, config):
         block_q = tuning.image_tile(config.block_m, self.OH * self.OW)
-        constants = self.geometry + (self.has_bias, self.tf32, config.block_m, config.block_n, config.block_k, block_q)
+        constants = self.geometry + (self.has_bias, self.tf32, config.block_m, config.block_n, config.block_k, block_q,
+                                     config.split)
         return _kernel(Conv2dGemmClForward, constants, self.dtype, config.num_warps, config.num_stages)
+
+    def split_sum_kernel(self, numel):
+        """The ordered sum of a split-K forward's fp32 partials into y (the dw reduce, TAPS = 1)."""
+        return _kernel(Conv2dDwReduce, (False, 1, tuning.DW_REDUCE_ROWS, tuning.reduce_block(numel)), self.dtype, 4,
+                       1)
 
     @staticmethod
     def cl_dx_weight(weight):
@@ -395,8 +402,10 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
                         problem.reduce_kernel(bias)]
         return [k.id for k in kernels]
     if problem.forward_channels_last:
-        kernels = [problem.cl_forward_kernel(tuning.peek("conv2d_cl_forward", problem.key,
-                                                         problem.cl_forward_candidates()))]
+        config = tuning.peek("conv2d_cl_forward", problem.key, problem.cl_forward_candidates())
+        kernels = [problem.cl_forward_kernel(config)]
+        if config.split > 1:
+            kernels.append(problem.split_sum_kernel(problem.B * problem.C_OUT * problem.OH * problem.OW))
     else:
         kernels = [problem.forward_kernel(tuning.peek("conv2d_forward", problem.key, problem.forward_candidates()))]
     if backward:
@@ -459,7 +468,7 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     if p.forward_channels_last:
         w_cl = channels_last(weight)
         for config in pick(p.cl_forward_candidates()):
-            _launch(p.cl_forward_kernel(config), x_cl, w_cl, bias_arg, y, *p.sizes)
+            _cl_forward(p, config, x_cl, w_cl, bias_arg, y)
     else:
         for config in pick(p.forward_candidates()):
             _launch(p.forward_kernel(config), x, weight, bias_arg, y, *p.sizes)
@@ -490,6 +499,18 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
 
 # ---- the work ----
 
+def _cl_forward(problem, config, x_cl, w_cl, bias_arg, y):
+    """The channels-last forward with `config`; split over K (config.split > 1) into fp32 partials,
+    then their ordered sum into y."""
+    kernel = problem.cl_forward_kernel(config)
+    if config.split == 1:
+        _launch(kernel, x_cl, w_cl, bias_arg, y, y.new_empty(0, dtype=torch.float32), *problem.sizes)
+        return
+    partial = torch.empty(config.split, y.numel(), dtype=torch.float32, device=y.device)
+    _launch(kernel, x_cl, w_cl, bias_arg, y, partial, *problem.sizes)
+    _launch(problem.split_sum_kernel(y.numel()), partial, y, y, config.split, y.numel(), problem.C_OUT)
+
+
 def _forward(x, weight, bias, stride, padding, dilation, groups):
     problem = _Problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype, bias is not None)
     y = torch.empty(problem.B, problem.C_OUT, problem.OH, problem.OW, dtype=x.dtype, device=x.device)
@@ -511,7 +532,7 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
         x_cl, w_cl = channels_last(x), channels_last(weight)
 
         def run_cl(config):
-            _launch(problem.cl_forward_kernel(config), x_cl, w_cl, bias_arg, y, *problem.sizes)
+            _cl_forward(problem, config, x_cl, w_cl, bias_arg, y)
 
         run_cl(tuning.choose("conv2d_cl_forward", problem.key, problem.cl_forward_candidates(), run_cl))
         return y

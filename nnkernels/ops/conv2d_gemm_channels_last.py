@@ -29,41 +29,52 @@ def check_image_tiles(k):
 
 
 def conv2d_gemm_cl_forward_entry(k, a):
-    """Grid (cdiv(B, images per tile) * pixel tiles per image, c_out tiles, 1) for `Conv2dGemmClForward`."""
+    """Grid (cdiv(B, images per tile) * pixel tiles per image, c_out tiles, SPLIT_K) for `Conv2dGemmClForward`."""
     check_conv_launch(k, a, 1)
     images = check_image_tiles(k)
     if a.C_IN % k.block_k:
         raise ValueError(f"C_IN: expected a multiple of block_k = {k.block_k}, got {a.C_IN}")
+    steps = k.kh * k.kw * a.C_IN // k.block_k
+    if k.split_k > steps:
+        raise ValueError(f"split_k: expected at most the {steps} K-steps of block_k = {k.block_k}, got {k.split_k}")
     if k.has_bias:
         check_numel("bias", a.bias, a.C_OUT, "C_OUT")
+    if k.split_k > 1:
+        check_numel("partial", a.partial, k.split_k * a.B * a.C_OUT * a.OH * a.OW, "SPLIT_K*B*C_OUT*OH*OW")
     return check_grid_3d(cdiv(a.B, images) * cdiv(a.OH * a.OW, k.block_q),
-                         cdiv(a.C_OUT, k.block_n), 1)
+                         cdiv(a.C_OUT, k.block_n), k.split_k)
 
 
 @triton.jit
 def conv2d_gemm_cl_forward(
-    x, w, bias, y, B, C_IN, C_OUT, H, W, OH, OW,
+    x, w, bias, y, partial, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     """2-D convolution forward (groups = 1) from channels-last x and w, NCHW y; implicit GEMM.
 
     x is [B, H, W, C_IN] and w is [C_OUT, KH, KW, C_IN], both contiguous; C_IN % BLOCK_K == 0;
     one image of x and one of y hold fewer than 2**31 elements. A pixel tile is I = BLOCK_M/BLOCK_Q
     images by BLOCK_Q pixels of each (I = 1 for large images; several small images per tile).
-    Grid: (cdiv(B, I) * cdiv(OH*OW, BLOCK_Q), cdiv(C_OUT, BLOCK_N), 1). Program (g * cdiv(OH*OW, BLOCK_Q)
-    + t, pn) writes y[b, c_out, oh, ow] (NCHW) for the images b in [g*I, (g+1)*I), their pixels
-    q = oh*OW + ow in [t*BLOCK_Q, (t+1)*BLOCK_Q), and the BLOCK_N channels of tile pn:
-        y = bias[c_out] + sum over (kh, kw, c_in) of w[c_out, kh, kw, c_in]
-            * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in],
-    x read as 0 outside the image; K = KH*KW*C_IN runs in BLOCK_K slices, each inside one tap.
+    Grid: (cdiv(B, I) * cdiv(OH*OW, BLOCK_Q), cdiv(C_OUT, BLOCK_N), SPLIT_K). Program
+    (g * cdiv(OH*OW, BLOCK_Q) + t, pn, s) takes the images b in [g*I, (g+1)*I), their pixels
+    q = oh*OW + ow in [t*BLOCK_Q, (t+1)*BLOCK_Q), the BLOCK_N channels c_out of tile pn, and the
+    K-steps [s*S, min((s+1)*S, KS)) of the KS = KH*KW*C_IN/BLOCK_K slices of K (each inside one
+    tap), S = cdiv(KS, SPLIT_K), and forms
+        [bias[c_out] in split 0] + sum over those (kh, kw, c_in) of w[c_out, kh, kw, c_in]
+            * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
+    (x read as 0 outside the image). With SPLIT_K = 1 that is y[b, c_out, oh, ow] (NCHW); else it
+    goes in fp32 to partial[s, b, c_out, oh, ow] and `Conv2dDwReduce` (TAPS = 1) adds the splits
+    into y in a fixed order: split K gives layers of few pixels (7x7, 14x14) more programs.
     A tile's BLOCK_Q pixels of one image are consecutive in NCHW, and the compiler can see it
     (q is BLOCK_Q-contiguous): coalesced stores, measured 4x faster on the H200 than tiles whose
     pixels run across image boundaries.
     Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 accumulation, y rounded once; every
-    element of y is written; bias read only when HAS_BIAS.
+    element of y (with SPLIT_K > 1: of `partial`, and y is not touched) is written; bias read only
+    when HAS_BIAS, `partial` only when SPLIT_K > 1.
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -82,8 +93,10 @@ def conv2d_gemm_cl_forward(
     k_total = KH * KW * C_IN
     w_rows = w + c_out.to(tl.int64)[:, None] * k_total
     channel = tl.arange(0, BLOCK_K)
+    steps_per_split = tl.cdiv(k_total // BLOCK_K, SPLIT_K)
+    k_begin = tl.program_id(2) * steps_per_split * BLOCK_K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k_first in range(0, k_total, BLOCK_K):
+    for k_first in range(k_begin, tl.minimum(k_begin + steps_per_split * BLOCK_K, k_total), BLOCK_K):
         tap = k_first // C_IN
         c_first = k_first - tap * C_IN
         dh = (tap // KW) * DIL_H
@@ -94,12 +107,15 @@ def conv2d_gemm_cl_forward(
         w_tile = tl.load(w_rows + k_first + channel[None, :], mask=c_out_ok[:, None], other=0.0)
         acc = conv_dot(x_tile, tl.trans(w_tile), acc, TF32)
     if HAS_BIAS:
-        acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(
-        y + (c_out.to(tl.int64) * ohw)[:, None] + (b.to(tl.int64) * C_OUT * ohw + q)[None, :],
-        tl.trans(acc).to(y.dtype.element_ty),
-        mask=c_out_ok[:, None] & q_ok[None, :],
-    )
+        if tl.program_id(2) == 0:
+            acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[None, :]
+    y_offset = (c_out.to(tl.int64) * ohw)[:, None] + (b.to(tl.int64) * C_OUT * ohw + q)[None, :]
+    y_ok = c_out_ok[:, None] & q_ok[None, :]
+    if SPLIT_K == 1:
+        tl.store(y + y_offset, tl.trans(acc).to(y.dtype.element_ty), mask=y_ok)
+    else:
+        split_first = tl.program_id(2).to(tl.int64) * B * C_OUT * ohw
+        tl.store(partial + split_first + y_offset, tl.trans(acc), mask=y_ok)
 
 
 def conv2d_gemm_cl_dw_entry(k, a):
@@ -199,8 +215,9 @@ def conv2d_gemm_cl_dw(
 Conv2dGemmClForward = kernel_object(
     conv2d_gemm_cl_forward,
     helpers=(conv_dot,),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 128, 64, 64, 128),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 128, 64, 64, 128, 1),
     entry=conv2d_gemm_cl_forward_entry,
+    pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS", "TF32"),
     num_warps=4,

@@ -151,7 +151,8 @@ def conv2d_dw_reduce(partial, dw, dbias, SPLIT, N_DW, C_OUT, HAS_BIAS: tl.conste
     for first in range(0, SPLIT, SPLIT_ROWS):
         rows = first + split_rows
         ok = (rows < SPLIT)[:, None] & j_ok[None, :]
-        total += tl.sum(tl.load(partial + rows.to(tl.int64)[:, None] * row_len + j[None, :], mask=ok, other=0.0), axis=0)
+        group = tl.load(partial + rows.to(tl.int64)[:, None] * row_len + j[None, :], mask=ok, other=0.0)
+        total += tl.sum(group, axis=0)
     if TAPS == 1:
         dw_index = j
     else:
