@@ -398,10 +398,11 @@ def tma_dw_candidates(c_out: int, c_in: int, kh: int, kw: int, batch: int, rows:
     for 16-bit types, 32 for fp32: 128 bytes of a 64-channel row either way), one tap or a row of
     KW taps per program (one dy box then serves the row), and the boxes split so that a given
     number of programs per SM run: at most that (floor: a second, nearly empty wave of programs
-    would double the time). The order is what a sweep found on the H200 (ResNet-50's 3x3 layers,
-    B32, 2026-12-01, tools' numbers in BENCHMARKS.md): 128 x 64 tiles of one tap with 3 programs
-    per SM first (256 and 512 channels: 37 and 43 µs in bf16, 100 and 115 in fp32), then rows of
-    taps on 64 x 64 tiles (64 channels: 27 µs in bf16 against 43 for single taps), then 128 x 128."""
+    would double the time). The order is what `tools/conv_dw_sweep.py` found on the H200 (ResNet-50's
+    3x3 layers, B32, 2026-12-01; BENCHMARKS.md, sixth session): 128 x 64 tiles of one tap with 3
+    programs per SM first (256 and 512 channels: 37 and 43 µs in bf16, 100 and 139 in fp32), then
+    rows of taps on 64 x 64 tiles (64 channels: 27 µs in bf16 against 43 for single taps), then
+    128 x 128."""
     if INTERPRETED:
         return [Config(_clamp_pow2(c_out, 16, 64), _clamp_pow2(c_in, 16, 64), 64, 4, 1, 1, kw)]
     block_k = 64 if dtype != torch.float32 else 32

@@ -50,8 +50,8 @@ def test_kernel_sass_counts_opcodes_of_a_compiled_kernel():
                "        /*10060*/                  FFMA R7, R3, R5, R7 ;\n")  # past 64 KiB of code
     assert tool.opcode_counts(listing) == {"LDG": 2, "FFMA": 1}
     assert tool.registers(" Function k:\n  REG:40 STACK:0 SHARED:0") == 40
-    report = tool.main(["Conv2dDwReduce", "fp32", "False", "256"]).splitlines()
-    assert report[0] == "conv2d_dw_reduce__fp32__0__256"
+    report = tool.main(["Conv2dDwReduce", "fp32", "False", "1", "8", "256"]).splitlines()
+    assert report[0] == "conv2d_dw_reduce__fp32__0__1__8__256"
     count, regs = re.fullmatch(r"(\d+) instructions, (\d+) registers per thread", report[1]).groups()
     assert int(count) > 0 and int(regs) > 0
     assert "LDG" in report[2] and "STG" in report[2]  # the partial rows read, dw written
@@ -68,3 +68,19 @@ def test_depthwise_sweep_sets_tiles_inside_its_block_only():
     assert tool.tuning.depthwise_tile(8192, 28, 28) == before
     assert tool.conv.gather_columns_fit(1, 3, 1, 28, 32)
     assert tool.CONFIGS[0] == (tool.tuning.DEPTHWISE_LANES, tool.tuning.DEPTHWISE_BAND, 4, True)  # the library's
+
+
+def test_conv_dw_sweep_targets_programs_per_sm():
+    """Each tile set's splits start at most its programs-per-SM target on the given SMs (floor), and
+    the kernels the sweep builds from them exist for its layers."""
+    import torch
+
+    tool = _tool("conv_dw_sweep")
+    configs = list(tool.sweep_configs(64, torch.bfloat16, 132))
+    assert len(configs) == len(tool.TILE_SETS) * len(tool.PROGRAMS_PER_SM)
+    for (kind, config), per_sm in zip(configs, tool.PROGRAMS_PER_SM * len(tool.TILE_SETS)):
+        tiles = (64 // config.block_m) * (64 // config.block_n) * (9 // config.taps)
+        assert tiles * config.split <= max(per_sm * 132, tiles) and config.block_k == 64
+    problem = tool._Problem((32, 64, 56, 56), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1, torch.bfloat16, False)
+    assert {type(problem.tma_dw_kernel(c, False) if k == "tma" else problem.cl_dw_kernel(c, False)).__name__
+            for k, c in configs} == {"Conv2dTmaDw", "Conv2dGemmClDw"}
