@@ -56,6 +56,20 @@ def test_sources():
     assert k.source == k.kernel_source + "\n\n" + k.entry_point_source
 
 
+def test_sources_hold_every_jit_helper_a_kernel_calls():
+    """A kernel's source (and so its hash) includes each @triton.jit function it calls, and theirs in
+    turn: a helper changed must change the hash of every kernel that runs it."""
+    import sys
+
+    from triton.runtime.jit import KernelInterface  # compiled and interpreted @triton.jit functions alike
+
+    for cls in nk.catalogue():
+        module = sys.modules[cls._runner.fn.__module__]
+        helpers = {name for name, value in vars(module).items() if isinstance(value, KernelInterface)}
+        called = {name for name in helpers if re.search(rf"\b{name}\(", cls._kernel_source)}
+        missing = {name for name in called if f"def {name}(" not in cls._kernel_source}
+        assert not missing, f"{cls.__name__}: helpers called but not in its source: {sorted(missing)}"
+
 def test_signature_is_ordered_and_typed():
     assert list(nk.Conv2dBackward(3, 3, 1, 1, 1, 1, 1, 64, dtype=torch.float16).signature.items()) == [
         ("dy", "*fp16"), ("x", "*fp16"), ("w", "*fp16"), ("dx", "*fp16"), ("dw", "*fp16"),

@@ -17,6 +17,7 @@ from .checks import check_numel
 from .conv2d_gemm_dw import dw_partial_size
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
+from .tiles import zero_tiles
 
 
 def _depthwise_sizes(a):
@@ -115,15 +116,6 @@ def _plane_weights(w, c, plane_ok, TAPS: tl.constexpr):
 
 
 @triton.jit
-def _zero_rows(ROWS: tl.constexpr, PLANES: tl.constexpr, BLOCK_W: tl.constexpr):
-    """ROWS fp32 [PLANES, BLOCK_W] accumulators, one per output row of a band."""
-    acc = ()
-    for r in tl.static_range(ROWS):
-        acc = acc + (tl.zeros([PLANES, BLOCK_W], dtype=tl.float32),)
-    return acc
-
-
-@triton.jit
 def conv2d_depthwise_forward(
     x, w, bias, y, B, C, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
@@ -152,7 +144,7 @@ def conv2d_depthwise_forward(
     ih_first = oh_first * STRIDE_H - PAD_H
     x_row_0 = x + plane.to(tl.int64)[:, None] * H * W + iw_first[None, :]
     taps = _plane_weights(w, c, plane_ok, KH * KW)
-    acc = _zero_rows(ROWS, PLANES, BLOCK_W)
+    acc = zero_tiles(ROWS, PLANES, BLOCK_W)
     for t in tl.static_range((ROWS - 1) * STRIDE_H + (KH - 1) * DIL_H + 1):
         ih = ih_first + t
         row_ok = _where_row(plane_ok[:, None], (ih >= 0) & (ih < H))
@@ -200,7 +192,7 @@ def conv2d_depthwise_dx(
     iw = tl.program_id(2) * BLOCK_W + tl.arange(0, BLOCK_W)
     dy_plane = dy + plane.to(tl.int64)[:, None] * OH * OW
     taps = _plane_weights(w, c, plane_ok, KH * KW)
-    acc = _zero_rows(ROWS, PLANES, BLOCK_W)
+    acc = zero_tiles(ROWS, PLANES, BLOCK_W)
     # dy row oh_first + t feeds dx row r through tap kh when r + PAD_H - kh*DIL_H == t*STRIDE_H.
     for t in tl.static_range((PAD_H - (KH - 1) * DIL_H) // STRIDE_H, (ROWS - 1 + PAD_H) // STRIDE_H + 1):
         oh = oh_first + t
@@ -334,6 +326,7 @@ def conv2d_depthwise_dw(
 _GEOMETRY = (3, 3, 1, 1, 1, 1, 1, 1)
 Conv2dDepthwiseForward = kernel_object(
     conv2d_depthwise_forward,
+    helpers=(_where_row, _row_taps, _plane_weights, zero_tiles),
     example=_GEOMETRY + (False, 4, 7, 32, True),
     entry=conv2d_depthwise_forward_entry,
     nonnegative=("PAD_H", "PAD_W"),
@@ -343,6 +336,7 @@ Conv2dDepthwiseForward = kernel_object(
 )
 Conv2dDepthwiseDx = kernel_object(
     conv2d_depthwise_dx,
+    helpers=(_where_row, _plane_weights, zero_tiles),
     example=_GEOMETRY + (4, 7, 32),
     entry=conv2d_depthwise_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
@@ -351,6 +345,7 @@ Conv2dDepthwiseDx = kernel_object(
 )
 Conv2dDepthwiseDw = kernel_object(
     conv2d_depthwise_dw,
+    helpers=(_depthwise_dw_band, _where_row, _row_taps),
     example=_GEOMETRY + (False, 16, 4, 7, 32, True),
     entry=conv2d_depthwise_dw_entry,
     pointer_dtypes={"partial": torch.float32},

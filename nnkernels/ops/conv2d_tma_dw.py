@@ -18,6 +18,7 @@ from .conv2d_gemm_dw import dw_partial_size
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
 from .tensor_core import conv_dot
+from .tiles import zero_tiles
 from .tma import check_tma_rows, use_torch_scratch
 
 
@@ -41,15 +42,6 @@ def conv2d_tma_dw_entry(k, a):
     use_torch_scratch()
     tiles = cdiv(a.C_OUT, k.block_m) * (k.kh * k.kw // k.row_taps) * cdiv(a.C_IN, k.block_n)
     return check_grid_3d(tiles, a.SPLIT, 1)
-
-
-@triton.jit
-def _zero_tiles(COUNT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """COUNT fp32 [BLOCK_M, BLOCK_N] accumulators, one per tap of a program."""
-    tiles = ()
-    for _ in tl.static_range(COUNT):
-        tiles = tiles + (tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),)
-    return tiles
 
 
 @triton.jit
@@ -124,7 +116,7 @@ def conv2d_tma_dw(
     boxes_w = tl.cdiv(OW, BOX_W)
     boxes = B * boxes_h * boxes_w
     slice_len = tl.cdiv(boxes, SPLIT)
-    acc = _zero_tiles(ROW_TAPS, BLOCK_M, BLOCK_N)
+    acc = zero_tiles(ROW_TAPS, BLOCK_M, BLOCK_N)
     dbias = tl.zeros([BLOCK_M], dtype=tl.float32)
     for box in range(split * slice_len, tl.minimum((split + 1) * slice_len, boxes)):
         b = box // (boxes_h * boxes_w)
@@ -155,7 +147,7 @@ def conv2d_tma_dw(
 
 Conv2dTmaDw = kernel_object(
     conv2d_tma_dw,
-    helpers=(_tap_window, _zero_tiles, conv_dot),
+    helpers=(_tap_window, zero_tiles, conv_dot),
     example=(3, 3, 1, 1, 1, 1, 1, 1, False, False, 3, 64, 64, 8, 8),
     entry=conv2d_tma_dw_entry,
     pointer_dtypes={"partial": torch.float32},
