@@ -6,8 +6,10 @@ products then use three TF32 products per term ("tf32x3": a = a_hi + a_lo with a
 a_hi*b_hi + a_hi*b_lo + a_lo*b_hi), which keeps 21 to 22 bits of each product and sums in fp32.
 Measured on the H200 (r50 3x3 layers, B32, fp32, max error over the largest |y| against float64):
 2.2e-7 to 4.9e-7, where cuDNN's own fp32 gave 3.2e-7 to 3.3e-6 and Triton's FMA products
-("ieee") 9.6e-7 to 2.8e-6; and 3x faster than the FMA products. Triton's lowering keeps a NaN
-made by the low parts (an Inf input's a - tf32(a)) out of the sum, so Inf propagates as in fp32.
+("ieee") 9.6e-7 to 2.8e-6; and 3x faster than the FMA products. An Inf input's low part,
+a - tf32(a), is NaN: Triton's tf32x3 lowering (its F32DotTC pass) replaces NaN in the low-part
+products by 0 (its compiled IR has the check in Triton 3.6 and 3.9), so Inf propagates as in fp32;
+tests/test_special_values.py checks it on the GPU.
 """
 import triton
 import triton.language as tl
