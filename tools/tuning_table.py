@@ -7,7 +7,7 @@ SUITE is a module of nnkernels.bench (conv2d, avg_pool2d, batch_norm). The suite
 NNKERNELS_TUNE=full and a fresh tuning cache (unless the environment sets them), so every
 candidate is timed; the tuner's DEBUG log is kept as DIR/tuning.log and printed as a table
 after the suite's own: per launch kind and shape, candidate i's fields (block_m, block_n,
-block_k, num_warps, num_stages, split) and its time, the best marked with '*'. Needs a GPU.
+block_k, num_warps, num_stages, split, taps) and its time, the best marked with '*'. Needs a GPU.
 """
 import importlib
 import logging
