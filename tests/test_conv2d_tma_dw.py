@@ -7,8 +7,8 @@ channel tiles wider than the channels, so every edge of a box and of a tile is r
 import pytest
 import torch
 
-from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce, dw_partial_size
 from nnkernels import tuning
+from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce, dw_partial_size
 from nnkernels.ops.conv2d_tma_dw import Conv2dTmaDw
 from support import DEVICE, DTYPES, assert_close, dtype_id, poisoned, randn
 
@@ -17,7 +17,7 @@ CASES = [
     pytest.param((2, 16, 24, 7, 6, 3, 3, (1, 1), (1, 1), True), id="3x3-pad1-bias"),
     pytest.param((1, 16, 16, 9, 5, 3, 2, (2, 0), (2, 1), False), id="rect-dilated-unpadded-columns"),
     pytest.param((3, 32, 16, 5, 11, 1, 1, (0, 0), (1, 1), True), id="1x1"),
-    # Kernel row 0 and column 0 meet only padding (H + 2*pad spans exactly one dilated window).
+    # Kernel rows 0 and 2 meet only padding (2 input rows, padding 2, dilation 2): empty tap windows.
     pytest.param((2, 16, 16, 2, 3, 3, 3, (2, 2), (2, 2), False), id="taps-on-padding-only"),
 ]
 
