@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from nnkernels import tuning
 from nnkernels.functional.conv2d import KERNELS, conv2d, kernels_for
-from support import DEVICE, TOLERANCE, assert_close, gpu, randn
+from support import DEVICE, INTERPRETED, TOLERANCE, assert_close, gpu, randn
 
 TF32_TOLERANCE = 2e-3
 
@@ -157,6 +157,26 @@ def test_kernels_for_names_the_choice():
     assert all("__bf16__" in k for k in gemm)
     assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm}
 
+
+@pytest.mark.parametrize("x_shape, w_shape, options", [
+    ((2, 16, 6, 6), (16, 16, 3, 3), dict(padding=1, bias=True)),  # channels-last forward and dx, TMA-box dw
+    ((2, 16, 7, 7), (32, 16, 3, 3), dict(stride=2, padding=1)),  # strided: the channels-last dw
+    ((2, 8, 6, 6), (12, 8, 3, 3), dict(padding=1)),  # NCHW kernels
+    ((2, 16, 5, 5), (24, 16, 1, 1), dict(bias=True)),  # 1x1 matrix products
+    ((2, 8, 6, 6), (8, 1, 3, 3), dict(padding=1, groups=8)),  # depthwise
+])
+@pytest.mark.skipif(not INTERPRETED, reason="on the GPU precompile launches several candidates per kernel by design")
+def test_precompile_launches_the_kernels_the_op_picks(x_shape, w_shape, options, caplog):
+    """`precompile` launches every candidate of every kernel; with one candidate each (the
+    interpreter's), that is exactly what `kernels_for` names."""
+    from nnkernels.functional.conv2d import precompile
+
+    x, w = randn(*x_shape), randn(*w_shape)
+    bias = options.pop("bias", False)
+    with caplog.at_level("DEBUG", logger="nnkernels"):
+        precompile(x, w, bias=bias, **options)
+    launched = {r.getMessage().split()[-1] for r in caplog.records if r.getMessage().startswith("conv2d launches")}
+    assert launched == set(kernels_for(x_shape, w_shape, bias=bias, **options))
 
 def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     """`choose` on a fake timer: the fastest config wins, lands in the JSON file, and is reused."""

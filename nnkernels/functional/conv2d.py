@@ -446,9 +446,6 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
         return
     pick = (lambda found: found) if full else (lambda found: found[:tuning.QUICK_CANDIDATES])
     p = problem
-    row = dw_partial_size(p.C_OUT, p.cin_per_group, p.KH, p.KW, bias)
-    dw = torch.empty_like(weight)
-    dbias = torch.empty(p.C_OUT, dtype=x.dtype, device=x.device) if bias else dw
     if p.pointwise:
         sizes = (p.B, p.C_IN, p.C_OUT, p.OH * p.OW)
         x_in = p.pointwise_input(x)
@@ -459,14 +456,10 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
             for config in pick(p.pointwise_candidates(for_dx=True)):
                 _launch(p.pointwise_kernel(config, for_dx=True), y, weight_t, dx, dx, p.B, p.C_OUT, p.C_IN,
                         p.OH * p.OW)
-            for config in pick(p.pointwise_dw_candidates()):
-                partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
-                _launch(p.pointwise_dw_kernel(config, bias), y, x_in, partial, *sizes, config.split)
-                _launch(p.reduce_kernel(bias), partial, dw, dbias, config.split, weight.numel(), p.C_OUT)
+            _dw_dbias(y, x, p, bias, pick=pick)
         return
-    x_cl = channels_last(x) if p.channels_last else None
     if p.forward_channels_last:
-        w_cl = channels_last(weight)
+        x_cl, w_cl = channels_last(x), channels_last(weight)
         for config in pick(p.cl_forward_candidates()):
             _cl_forward(p, config, x_cl, w_cl, bias_arg, y)
     else:
@@ -484,17 +477,7 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     else:
         for config in pick(p.dx_candidates()):
             _launch(p.dx_kernel(config), y, weight, dx, *p.sizes)
-    tma_dw = p.tma_dw(x.device)
-    candidates = p.tma_dw_candidates() if tma_dw else p.cl_dw_candidates() if p.channels_last else p.dw_candidates()
-    for config in pick(candidates):
-        partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
-        if tma_dw:
-            _launch(p.tma_dw_kernel(config, bias), y_cl, x_cl, partial, *p.sizes, config.split)
-        elif p.channels_last:
-            _launch(p.cl_dw_kernel(config, bias), y_cl, x_cl, partial, *p.sizes, config.split)
-        else:
-            _launch(p.dw_kernel(config, bias), y, x, partial, *p.sizes, config.split)
-        _launch(p.reduce_kernel(bias, p.dw_taps(tma_dw)), partial, dw, dbias, config.split, weight.numel(), p.C_OUT)
+    _dw_dbias(y, x, p, bias, y_cl, pick=pick)
 
 
 # ---- the work ----
@@ -579,59 +562,50 @@ def _dx(grad_y, weight, problem, device, grad_y_cl=None):
     return dx
 
 
-def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None):
-    """dw and dbias (empty unless `with_bias`): split partial sums, then their ordered sum."""
-    n_dw = problem.C_OUT * problem.cin_per_group * problem.KH * problem.KW
-    row = dw_partial_size(problem.C_OUT, problem.cin_per_group, problem.KH, problem.KW, with_bias)
+def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None, pick=None):
+    """dw and dbias (empty unless `with_bias`): split partial sums, then their ordered sum. The
+    split kernel's config is tuned; with `pick` (precompile's), every picked candidate runs instead."""
     dw = torch.empty(problem.C_OUT, problem.cin_per_group, problem.KH, problem.KW, dtype=problem.dtype,
                      device=x.device)
     dbias = torch.empty(problem.C_OUT if with_bias else 0, dtype=problem.dtype, device=x.device)
-    reduce = problem.reduce_kernel(with_bias)
+    row = dw_partial_size(problem.C_OUT, problem.cin_per_group, problem.KH, problem.KW, with_bias)
+    if problem.depthwise:  # one tile, from a heuristic: nothing to tune
+        partial = torch.empty(problem.depthwise_dw_split(), row, dtype=torch.float32, device=x.device)
+        _launch(problem.depthwise_dw_kernel(with_bias), grad_y, x, partial, *problem.launch_sizes, len(partial))
+        _launch(problem.reduce_kernel(with_bias), partial, dw, dbias if with_bias else dw, len(partial), dw.numel(),
+                problem.C_OUT)
+        return dw, dbias
+    kind, candidates, make_kernel, inputs, sizes, taps = _split_dw_plan(problem, grad_y, grad_y_cl, x)
+    reduce = problem.reduce_kernel(with_bias, taps)
 
     def run(config):
         partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
-        kernel = problem.dw_kernel(config, with_bias)
-        _launch(kernel, grad_y, x, partial, *problem.launch_sizes, config.split)
-        _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, n_dw, problem.C_OUT)
+        _launch(make_kernel(config, with_bias), *inputs, partial, *sizes, config.split)
+        _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, dw.numel(), problem.C_OUT)
 
-    if problem.pointwise:
-        x_in = problem.pointwise_input(x)
-
-        def run_pointwise(config):
-            partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
-            _launch(problem.pointwise_dw_kernel(config, with_bias), grad_y, x_in, partial, problem.B, problem.C_IN,
-                    problem.C_OUT, problem.OH * problem.OW, config.split)
-            _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, n_dw, problem.C_OUT)
-
-        run_pointwise(tuning.choose("conv2d_pointwise_dw", problem.key + (with_bias,), problem.pointwise_dw_candidates(),
-                                    run_pointwise))
-    elif problem.tma_dw(x.device):
-        x_cl = channels_last(x)
-        tap_major_reduce = problem.reduce_kernel(with_bias, problem.dw_taps(True))
-
-        def run_tma(config):
-            partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
-            _launch(problem.tma_dw_kernel(config, with_bias), grad_y_cl, x_cl, partial, *problem.sizes, config.split)
-            _launch(tap_major_reduce, partial, dw, dbias if with_bias else dw, config.split, n_dw, problem.C_OUT)
-
-        run_tma(tuning.choose("conv2d_tma_dw", problem.key + (with_bias,), problem.tma_dw_candidates(), run_tma))
-    elif problem.channels_last:
-        x_cl = channels_last(x)
-
-        def run_cl(config):
-            partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
-            _launch(problem.cl_dw_kernel(config, with_bias), grad_y_cl, x_cl, partial, *problem.sizes, config.split)
-            _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, n_dw, problem.C_OUT)
-
-        run_cl(tuning.choose("conv2d_cl_dw", problem.key + (with_bias,), problem.cl_dw_candidates(), run_cl))
-    elif problem.depthwise:
-        partial = torch.empty(problem.depthwise_dw_split(), row, dtype=torch.float32, device=x.device)
-        _launch(problem.depthwise_dw_kernel(with_bias), grad_y, x, partial, *problem.launch_sizes, len(partial))
-        _launch(reduce, partial, dw, dbias if with_bias else dw, len(partial), n_dw, problem.C_OUT)
+    if pick is None:
+        run(tuning.choose(kind, problem.key + (with_bias,), candidates, run))
     else:
-        run(tuning.choose("conv2d_dw", problem.key + (with_bias,), problem.dw_candidates(), run))
+        for config in pick(candidates):
+            run(config)
     return dw, dbias
 
+
+def _split_dw_plan(problem, grad_y, grad_y_cl, x):
+    """(tuning kind, candidates, kernel maker, inputs, sizes, the reduce's TAPS) of the tuned dw
+    kernels: the 1x1 product's, the TMA boxes' (tap-major partials), the channels-last or NCHW
+    implicit GEMM's."""
+    if problem.pointwise:
+        sizes = (problem.B, problem.C_IN, problem.C_OUT, problem.OH * problem.OW)
+        return ("conv2d_pointwise_dw", problem.pointwise_dw_candidates(), problem.pointwise_dw_kernel,
+                (grad_y, problem.pointwise_input(x)), sizes, 1)
+    if problem.tma_dw(x.device):
+        return ("conv2d_tma_dw", problem.tma_dw_candidates(), problem.tma_dw_kernel, (grad_y_cl, channels_last(x)),
+                problem.sizes, problem.dw_taps(True))
+    if problem.channels_last:
+        return ("conv2d_cl_dw", problem.cl_dw_candidates(), problem.cl_dw_kernel, (grad_y_cl, channels_last(x)),
+                problem.sizes, 1)
+    return "conv2d_dw", problem.dw_candidates(), problem.dw_kernel, (grad_y, x), problem.launch_sizes, 1
 
 def _batch_chunks(x, y_shape):
     """Slices of the batch, [first, end), each small enough for the kernels' int32 pixel index over
