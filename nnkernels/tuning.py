@@ -34,7 +34,7 @@ GPU_CYCLES_PER_S = 2.0e9
 QUICK_CANDIDATES = 3
 DEPTHWISE_LANES = 128  # (plane, column) pairs of a depthwise program on the GPU: one per thread of 4 warps
 DEPTHWISE_BAND = 16  # most rows of a depthwise program's band
-DW_REDUCE_ROWS = 8  # split rows the dw reduce loads at once: loads in flight together, not one latency each
+REDUCE_TILE = 8192  # fp32 values one dw-reduce program loads at once: 64 per thread of its 4 warps
 DEPTHWISE_DW_SPLIT = 1024  # most fp32 partial rows of the depthwise dw (each C*(KH*KW+1) floats)
 _log = logging.getLogger("nnkernels")
 _lock = threading.Lock()
@@ -419,13 +419,19 @@ def tma_dw_candidates(c_out: int, c_in: int, kh: int, kw: int, batch: int, rows:
         configs.append(Config(block_m, block_n, block_k, warps, stages, split, taps))
     return list(dict.fromkeys(configs))
 
-def reduce_block(row: int) -> int:
-    """Columns per program of the dw reduce: enough programs for two per SM (each sums SPLIT rows
-    one after another, so it is latency-bound; measured 11 us for 36 programs of 1024 on the
-    H200), 128 to 1024 columns; the interpreter takes 1024."""
-    if INTERPRETED:
-        return 1024
-    return _clamp_pow2(row // (2 * _num_sms()), 128, 1024)
+def reduce_tile(positions: int, taps: int = 1) -> tuple[int, int, int]:
+    """(TAP_BLOCK, SPLIT_ROWS, BLOCK) of the dw reduce over `positions` = N_DW / taps, all taps of
+    BLOCK positions per program. BLOCK: enough programs for two per SM, 128 to 1024 // TAP_BLOCK
+    positions (at least 128); each program sums SPLIT rows group after group, latency-bound
+    (measured 11 us for 36 programs of 1024 on the H200); the interpreter takes the widest.
+    SPLIT_ROWS: split rows loaded at once, REDUCE_TILE values in all, up to 64. Measured on the
+    H200: the 1x1 layer's 132 splits of 128 values took 11 us 8 rows at a time, 6 us 64 at a time;
+    512 x 512 x 9 tap-major values took 4x longer than the 1-D reduce before in tiles of 9 taps x
+    64 positions (8 rows), 1.8x less in tiles of 9 x 128 (4 rows)."""
+    tap_block = pow2_at_least(taps)
+    high = max(128, 1024 // tap_block)
+    block = high if INTERPRETED else _clamp_pow2(positions // (2 * _num_sms()), 128, high)
+    return tap_block, _clamp_pow2(REDUCE_TILE // (tap_block * block), 1, 64), block
 
 
 def pointwise_candidates(c_out: int, c_in: int, pixels: int, dtype: torch.dtype) -> list[Config]:
@@ -455,13 +461,15 @@ def pointwise_candidates(c_out: int, c_in: int, pixels: int, dtype: torch.dtype)
 def pointwise_dw_candidates(c_out: int, c_in: int, pixels: int, batch: int, dtype: torch.dtype) -> list[Config]:
     """Tiles and split of the 1x1 weight gradient: C_OUT x C_IN tiles, the B*HW pixels split until
     about two programs per SM run (four for the smaller tiles), each slice keeping at least four
-    steps. Both operands are pixel-contiguous, as every tensor-core type wants them."""
+    steps. Both operands are pixel-contiguous, as every tensor-core type wants them. The last
+    candidate's 256-wide tile reads dy once for up to 256 input channels, where the 128-wide
+    tiles read it once per 128 (ResNet-50's 256->64 layer: dy is a fifth of the bytes)."""
     if INTERPRETED:
         return [Config(_clamp_pow2(c_out, 16, 64), _clamp_pow2(c_in, 16, 128), _clamp_pow2(pixels, 16, 4096), 4, 1, 1)]
     block_k = 64 if dtype != torch.float32 else 32
     configs = []
     for block_m, block_n, warps, stages, oversubscribe in ((64, 128, 4, 3, 2), (128, 128, 8, 3, 2), (64, 64, 4, 4, 4),
-                                                           (64, 128, 8, 3, 2)):
+                                                           (64, 128, 8, 3, 2), (64, 256, 8, 3, 2)):
         block_m, block_n = _clamp_pow2(c_out, 16, block_m), _clamp_pow2(c_in, 16, block_n)
         tiles = -(-c_out // block_m) * -(-c_in // block_n)
         steps = batch * -(-pixels // block_k)

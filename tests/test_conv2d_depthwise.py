@@ -38,7 +38,8 @@ def _run_all(case, dtype, tile=(4, 4, 4), split=2, gather=False):
     taps = 1 << (KH * KW).bit_length()  # more than KH*KW: a column for the bias
     Conv2dDepthwiseDw(*geometry, has_bias, taps, *tile, gather, dtype=dtype).launch(dy, x, partial, *sizes, split)
     dw, dbias = poisoned(C, 1, KH, KW, dtype=dtype), poisoned(C, dtype=dtype)
-    Conv2dDwReduce(has_bias, 1, 8, 16, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split, dw.numel(), C)
+    Conv2dDwReduce(has_bias, 1, 1, 8, 16, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
+                                                              dw.numel(), C)
     x64, w64 = x.double().cpu().requires_grad_(), w.double().cpu().requires_grad_()
     b64 = bias.double().cpu().requires_grad_() if has_bias else None
     y64 = torch.nn.functional.conv2d(x64, w64, b64, stride, pad, dil, C)

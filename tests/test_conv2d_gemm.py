@@ -63,7 +63,7 @@ def _run_all(case, dtype, tf32, blocks=(32, 16, 16), split=3):
     Conv2dGemmDw(*geometry, has_bias, tf32, *blocks, dtype=dtype).launch(dy, x, partial, *sizes, split)
     dw = poisoned(C_OUT, C_IN // groups, KH, KW, dtype=dtype)
     dbias = poisoned(C_OUT, dtype=dtype)
-    Conv2dDwReduce(has_bias, 1, 4, 64, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
+    Conv2dDwReduce(has_bias, 1, 1, 4, 64, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
                                                      dw.numel(), C_OUT)
     refs = _references(x, w, bias, dy, stride, pad, dil, groups)
     return (y, dx, dw, dbias if has_bias else None), refs
@@ -112,7 +112,7 @@ def test_channels_last_kernels_match_float64(dtype):
     partial = poisoned(split, dw_partial_size(C_OUT, C_IN, 3, 3, True), dtype=torch.float32)
     Conv2dGemmClDw(*geometry, True, False, 16, 16, 16, 1, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
     dw, dbias = poisoned(C_OUT, C_IN, 3, 3, dtype=dtype), poisoned(C_OUT, dtype=dtype)
-    Conv2dDwReduce(True, 1, 2, 64, dtype=dtype).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
+    Conv2dDwReduce(True, 1, 1, 2, 64, dtype=dtype).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
     y64, _, dw64, db64 = _references(x, w, bias, dy, stride, pad, dil, 1)
     for out, ref in ((y, y64), (dw, dw64), (dbias, db64)):
         assert_close(out, ref, dtype)
@@ -136,7 +136,7 @@ def test_channels_last_forward_split_over_k(dtype, split_k):
     Conv2dGemmClForward(*geometry, True, False, 32, 16, 16, 8, split_k, dtype=dtype).launch(x_cl, w_cl, bias, y,
                                                                                            partial, *sizes)
     assert torch.isnan(y).all()
-    Conv2dDwReduce(False, 1, 4, 64, dtype=dtype).launch(partial, y, y, split_k, y.numel(), C_OUT)
+    Conv2dDwReduce(False, 1, 1, 4, 64, dtype=dtype).launch(partial, y, y, split_k, y.numel(), C_OUT)
     assert_close(y, _references(x, w, bias, randn(*y.shape), stride, pad, dil, 1)[0], dtype)
     with pytest.raises(ValueError, match="split_k: expected at most the 18 K-steps"):
         Conv2dGemmClForward(*geometry, True, False, 32, 16, 16, 8, 19, dtype=dtype).launch(
@@ -158,7 +158,7 @@ def test_channels_last_dw_tiles_spanning_taps(dtype, tap_span):
     kernel = Conv2dGemmClDw(*geometry, True, False, 16, 16 * tap_span, 16, tap_span, dtype=dtype)
     kernel.launch(dy_cl, x_cl, partial, *sizes, split)
     dw, dbias = poisoned(C_OUT, C_IN, 3, 3, dtype=dtype), poisoned(C_OUT, dtype=dtype)
-    Conv2dDwReduce(True, 1, 2, 64, dtype=dtype).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
+    Conv2dDwReduce(True, 1, 1, 2, 64, dtype=dtype).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
     _, _, dw64, db64 = _references(x, w, None, dy, stride, pad, dil, 1)
     assert_close(dw, dw64, dtype)
     assert_close(dbias, dy.double().sum((0, 2, 3)), dtype)

@@ -40,7 +40,7 @@ def test_pointwise_forward_dx_and_dw_over_ragged_tiles(dtype):
         dy, x, partial, B, C_IN, C_OUT, H * W, split
     )
     dw, db = poisoned(C_OUT, C_IN, 1, 1, dtype=dtype), poisoned(C_OUT, dtype=dtype)
-    Conv2dDwReduce(True, 1, 8, 256, dtype=dtype).launch(partial, dw, db, split, C_OUT * C_IN, C_OUT)
+    Conv2dDwReduce(True, 1, 1, 8, 256, dtype=dtype).launch(partial, dw, db, split, C_OUT * C_IN, C_OUT)
     assert_close(dw, dw64, dtype)
     assert_close(db, db64, dtype)
 

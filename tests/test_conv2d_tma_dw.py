@@ -32,8 +32,8 @@ def _tma_dw(case, dtype, row_taps, split, box=(4, 4), blocks=(16, 16)):
     kernel.launch(dy.permute(0, 2, 3, 1).contiguous(), x.permute(0, 2, 3, 1).contiguous(), partial,
                   B, C_IN, C_OUT, H, W, OH, OW, split)
     dw, dbias = poisoned(C_OUT, C_IN, KH, KW, dtype=dtype), poisoned(C_OUT, dtype=dtype)
-    Conv2dDwReduce(has_bias, KH * KW, 2, 64, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
-                                                                  dw.numel(), C_OUT)
+    Conv2dDwReduce(has_bias, KH * KW, 16, 2, 64, dtype=dtype).launch(partial, dw, dbias if has_bias else dw,
+                                                                      split, dw.numel(), C_OUT)
     x64 = x.double().cpu().requires_grad_()
     w64 = torch.zeros(C_OUT, C_IN, KH, KW, dtype=torch.float64, requires_grad=True)
     b64 = torch.zeros(C_OUT, dtype=torch.float64, requires_grad=True)
@@ -63,14 +63,32 @@ def test_tma_dw_boxes_and_splits(box, split):
         assert_close(out, ref, torch.float32)
 
 
-def test_tap_major_reduce_puts_partials_in_dw_order():
-    """partial[s, tap*C_OUT*C_IN + c_out*C_IN + c_in] summed over s lands at dw[c_out, c_in, tap]."""
+@pytest.mark.parametrize("block", [4, 16], ids=["ragged-programs", "one-program"])
+def test_tap_major_reduce_puts_partials_in_dw_order(block):
+    """partial[s, tap*C_OUT*C_IN + c_out*C_IN + c_in] summed over s lands at dw[c_out, c_in, tap], and
+    the bias sums after them at dbias[c_out], from programs of `block` positions (15 in all)."""
     C_OUT, C_IN, taps, split = 3, 5, 6, 5
-    partial = randn(split, taps, C_OUT, C_IN)
-    dw = poisoned(C_OUT, C_IN, 2, 3)
-    Conv2dDwReduce(False, taps, 4, 16).launch(partial, dw, dw, split, dw.numel(), C_OUT)
-    expected = partial.double().sum(0).permute(1, 2, 0).reshape(C_OUT, C_IN, 2, 3)
+    partial = randn(split, taps * C_OUT * C_IN + C_OUT)
+    dw, dbias = poisoned(C_OUT, C_IN, 2, 3), poisoned(C_OUT)
+    Conv2dDwReduce(True, taps, 8, 4, block).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
+    sums = partial.double().sum(0)
+    expected = sums[:dw.numel()].reshape(taps, C_OUT, C_IN).permute(1, 2, 0).reshape(C_OUT, C_IN, 2, 3)
     assert_close(dw, expected, torch.float32)
+    assert_close(dbias, sums[dw.numel():], torch.float32)
+
+
+@pytest.mark.parametrize("constants, sizes, match", [
+    ((False, 6, 4, 4, 16), (90, 3), "tap_block: expected at least taps = 6, got 4"),
+    ((False, 6, 12, 4, 16), (90, 3), "tap_block: expected a power of two, got 12"),
+    ((False, 6, 8, 4, 16), (91, 3), "N_DW: expected a multiple of taps = 6, got 91"),
+    ((True, 6, 8, 4, 16), (12, 3), "C_OUT: expected at most N_DW / taps = 2"),
+])
+def test_reduce_refuses_bad_tiles_and_writes_nothing(constants, sizes, match):
+    n_dw, c_out = sizes
+    partial, dw, dbias = randn(2, n_dw + c_out), poisoned(n_dw), poisoned(c_out)
+    with pytest.raises(ValueError, match=match):
+        Conv2dDwReduce(*constants).launch(partial, dw, dbias, 2, n_dw, c_out)
+    assert torch.isnan(dw).all() and torch.isnan(dbias).all()
 
 
 def _launch_args(C, split, B=1, H=4, W=4):

@@ -256,8 +256,7 @@ class _Problem:
 
     def split_sum_kernel(self, numel):
         """The ordered sum of a split-K forward's fp32 partials into y (the dw reduce, TAPS = 1)."""
-        return _kernel(Conv2dDwReduce, (False, 1, tuning.DW_REDUCE_ROWS, tuning.reduce_block(numel)), self.dtype, 4,
-                       1)
+        return _kernel(Conv2dDwReduce, (False, 1, *tuning.reduce_tile(numel)), self.dtype, 4, 1)
 
     @staticmethod
     def cl_dx_weight(weight):
@@ -377,9 +376,8 @@ class _Problem:
 
     def reduce_kernel(self, with_bias, taps=1):
         """The dw reduce; `taps` = KH*KW for the TMA dw's tap-major partials, 1 for dw-ordered ones."""
-        row = dw_partial_size(self.C_OUT, self.cin_per_group, self.KH, self.KW, with_bias)
-        constants = (with_bias, taps, tuning.DW_REDUCE_ROWS, tuning.reduce_block(row))
-        return _kernel(Conv2dDwReduce, constants, self.dtype, 4, 1)
+        positions = self.C_OUT * self.cin_per_group * self.KH * self.KW // taps
+        return _kernel(Conv2dDwReduce, (with_bias, taps, *tuning.reduce_tile(positions, taps)), self.dtype, 4, 1)
 
 
 def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype=torch.float32,
