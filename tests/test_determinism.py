@@ -49,16 +49,17 @@ class Case:
 
 CONV_NCHW = ("Conv2dGemmForward", "Conv2dGemmDx", "Conv2dGemmDw", "Conv2dDwReduce")
 CONV_CL = ("ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dGemmClDx", "Conv2dGemmClDw", "Conv2dDwReduce")
-CONV_CL_TMA = ("ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dGemmClDx", "Conv2dTmaDw", "Conv2dDwReduce")
+CONV_CL_TMA = ("ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dTmaDw", "Conv2dDwReduce")  # dx: the forward kernel
 CONV_DEPTHWISE = ("Conv2dDepthwiseForward", "Conv2dDepthwiseDx", "Conv2dDepthwiseDw", "Conv2dDwReduce")
 BN_FUSED = ("BatchNorm2dTrainForwardFused", "BatchNorm2dTrainBackwardFused", "BatchNorm2dUpdateRunningStats")
 BN_SPLIT = ("BatchNorm2dPartialStats", "BatchNorm2dTrainNormalize", "BatchNorm2dPartialGradSums",
             "BatchNorm2dTrainBackwardDx", "BatchNorm2dUpdateRunningStats")
 
 CASES = {
-    # conv2d: implicit GEMM on channels-last copies (dx whenever C_OUT is a multiple of 16; strided, written
-    # channels-last and transposed), on NCHW (channels not multiples of 16, or groups), 1x1 as a matrix product
-    # (strided: of the subsampled input), depthwise; dw split into fp32 partials (from TMA boxes at stride 1).
+    # conv2d: implicit GEMM on channels-last copies (dx whenever C_OUT is a multiple of 16: at stride 1 as the
+    # forward kernel on dy; strided, written channels-last and transposed), on NCHW (channels not multiples of
+    # 16, or groups), 1x1 as a matrix product (strided: of the subsampled input), depthwise; dw split into fp32
+    # partials (from TMA boxes at stride 1).
     "conv2d-cl-fp32": Case("conv2d", dict(x=(8, 32, 28, 28), w=(64, 32, 3, 3)), dict(x=(1, 16, 4, 4), w=(16, 16, 3, 3)),
                            CONV_CL_TMA, dict(padding=1, bias=True)),
     "conv2d-1x1-strided-fp16": Case("conv2d", dict(x=(16, 64, 56, 56), w=(128, 64, 1, 1)),

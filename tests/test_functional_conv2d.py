@@ -25,6 +25,8 @@ CASES = [
     pytest.param((2, 16, 32, 5, 6, 3, 1, 1, 1, 1, True), id="channels-last-3x3"),
     pytest.param((1, 32, 16, 7, 6, 3, 2, 1, 1, 1, False), id="channels-last-stride2"),
     pytest.param((1, 16, 16, 6, 7, 3, 1, 3, 1, 1, True), id="channels-last-pad-over-kernel"),
+    pytest.param((1, 32, 16, 6, 7, 3, 1, 0, 1, 1, True), id="channels-last-unpadded"),
+    pytest.param((2, 16, 32, 9, 8, 3, 1, (2, 1), 2, 1, False), id="channels-last-dilated-uneven-padding"),
     pytest.param((2, 3, 16, 11, 10, 7, 2, 3, 1, 1, True), id="stem-like-dx-channels-last"),
     pytest.param((2, 16, 32, 9, 7, 3, 2, 1, 1, 1, True), id="channels-last-stride2-dx-nhwc"),
     pytest.param((2, 5, 6, 9, 7, 1, 2, 0, 1, 1, True), id="1x1-stride2-subsampled"),
@@ -155,6 +157,11 @@ def test_kernels_for_names_the_choice():
     assert [k.split("__")[0] for k in gemm] == ["conv2d_gemm_forward", "conv2d_gemm_cl_dx", "conv2d_gemm_dw",
                                                "conv2d_dw_reduce"]
     assert all("__bf16__" in k for k in gemm)
+    # Stride 1 and channels multiples of 16: dx is the forward kernel run on dy with the flipped weight,
+    # unless the padding reaches past the kernel (then no forward convolution is dx).
+    forward_as_dx = kernels_for((2, 16, 6, 6), (32, 16, 3, 3), padding=1)
+    assert [k.split("__")[0] for k in forward_as_dx[:2]] == ["conv2d_gemm_cl_forward"] * 2
+    assert kernels_for((2, 16, 6, 6), (32, 16, 3, 3), padding=3)[1].startswith("conv2d_gemm_cl_dx")
     assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm}
 
 

@@ -50,13 +50,16 @@ def conv2d_gemm_cl_forward(
     x, w, bias, y, partial, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TF32: tl.constexpr, FLIP_TAPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
     """2-D convolution forward (groups = 1) from channels-last x and w, NCHW y; implicit GEMM.
 
-    x is [B, H, W, C_IN] and w is [C_OUT, KH, KW, C_IN], both contiguous; C_IN % BLOCK_K == 0;
+    x is [B, H, W, C_IN] and w is [C_OUT, KH, KW, C_IN], both contiguous, with w's taps in reverse
+    order when FLIP_TAPS (w[c_out, KH-1-kh, KW-1-kw, c_in] stands for tap (kh, kw): a stride-1 dx is
+    this forward on dy with the weight transposed, and flipped here rather than by another copy);
+    C_IN % BLOCK_K == 0;
     one image of x and one of y hold fewer than 2**31 elements. A pixel tile is I = BLOCK_M/BLOCK_Q
     images by BLOCK_Q pixels of each (I = 1 for large images; several small images per tile).
     Grid: (cdiv(B, I) * cdiv(OH*OW, BLOCK_Q), cdiv(C_OUT, BLOCK_N), SPLIT_K). Program
@@ -104,7 +107,11 @@ def conv2d_gemm_cl_forward(
         inside = q_ok & (ih_first >= -dh) & (ih_first < H - dh) & (iw_first >= -dw) & (iw_first < W - dw)
         x_tile = tl.load(x + x_pixel[:, None] + ((dh * W + dw) * C_IN + c_first + channel)[None, :],
                          mask=inside[:, None], other=0.0)
-        w_tile = tl.load(w_rows + k_first + channel[None, :], mask=c_out_ok[:, None], other=0.0)
+        if FLIP_TAPS:
+            w_k = (KH * KW - 1 - tap) * C_IN + c_first
+        else:
+            w_k = k_first
+        w_tile = tl.load(w_rows + w_k + channel[None, :], mask=c_out_ok[:, None], other=0.0)
         acc = conv_dot(x_tile, tl.trans(w_tile), acc, TF32)
     if HAS_BIAS:
         if tl.program_id(2) == 0:
@@ -215,11 +222,11 @@ def conv2d_gemm_cl_dw(
 Conv2dGemmClForward = kernel_object(
     conv2d_gemm_cl_forward,
     helpers=(conv_dot,),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 128, 64, 64, 128, 1),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, False, 128, 64, 64, 128, 1),
     entry=conv2d_gemm_cl_forward_entry,
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
-    flags=("HAS_BIAS", "TF32"),
+    flags=("HAS_BIAS", "TF32", "FLIP_TAPS"),
     num_warps=4,
     num_stages=3,
 )
