@@ -3,7 +3,8 @@ the lanes kernels where they apply and the gather kernels otherwise, each with t
 picks per shape (the tuner logs every candidate's time at DEBUG level on the "nnkernels" logger).
 
 Bytes the pass must move: forward reads x and writes y, backward reads dy and writes dx, so
-both move (numel(x) + numel(y)) * element size. The floor is that over the 4.27 TB/s copy ceiling.
+both move (numel(x) + numel(y)) * element size. The floor is that over the 4.27 TB/s copy ceiling
+(of_peak); of_copy is the time of a copy moving the same bytes, measured in the same run, over ours.
 Run: python3 -m nnkernels.bench.avg_pool2d --out DIR [--quick]
 """
 from __future__ import annotations
@@ -22,8 +23,8 @@ from ..ops.avg_pool2d import Avgpool2dBackward, Avgpool2dForward
 # The module (the package re-exports the function under the same name).
 pool = importlib.import_module("nnkernels.functional.avg_pool2d")
 
-COPY_TBPS = 4.27
-BYTES_FORMULA = "bytes = (numel(x) + numel(y)) * elem_size, both passes; floor = bytes / 4.27 TB/s"
+BYTES_FORMULA = ("bytes = (numel(x) + numel(y)) * elem_size, both passes; floor = bytes / 4.27 TB/s; "
+                 "of_copy = same-size copy time / ours")
 # (case, input shape, kernel_size, stride, padding)
 SUITE = (
     ("B32 C256 56x56 k2 s2", (32, 256, 56, 56), 2, 2, 0),
@@ -51,8 +52,7 @@ def _seed_ms(direction, x, y, k, s):
 
 
 def _row(case, dtype, direction, ours_ms, torch_ms, nbytes, extra):
-    floor_ms = nbytes / (COPY_TBPS * 1e12) * 1e3
-    extra = dict(extra, floor_ms=f"{floor_ms:.4f}", of_copy=f"{100 * floor_ms / ours_ms:.0f}%")
+    extra = dict(extra, **harness.bandwidth_columns(nbytes, ours_ms))
     return harness.Row("avg_pool2d", case, str(dtype).replace("torch.", ""), direction, ours_ms, torch_ms, nbytes,
                        "TB/s", extra)
 

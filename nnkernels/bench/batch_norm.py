@@ -28,9 +28,9 @@ from ..ops.batch_norm2d_train import batch_norm_plan
 # The module (the package re-exports the function under the same name).
 bn = importlib.import_module("nnkernels.functional.batch_norm")
 
-COPY_TBPS = 4.27
 BYTES_FORMULA = ("bytes: eval fwd 2Ne, eval bwd 3Ne, train fwd 3Ne, train bwd 5Ne (2Ne/3Ne when a channel fits "
-                 "one tile); N = numel(x), e = elem size; floor = bytes / 4.27 TB/s")
+                 "one tile); N = numel(x), e = elem size; floor = bytes / 4.27 TB/s; "
+                 "of_copy = same-size copy time / ours")
 SUITE = (("B32 C256 56x56", (32, 256, 56, 56)), ("B256 C64 112x112", (256, 64, 112, 112)),
          ("B32 C2048 7x7", (32, 2048, 7, 7)))
 DTYPES = (torch.float32, torch.bfloat16)
@@ -98,12 +98,10 @@ def run(quick: bool = False, case_filter: str = "") -> list[harness.Row]:
                     ours_ms, torch_ms = harness.time_ms(ours), harness.time_ms(theirs)
                     passes = _passes(mode, direction, fused)
                     nbytes = passes * x.numel() * x.element_size()
-                    floor_ms = nbytes / (COPY_TBPS * 1e12) * 1e3
                     extra = {}
                     if mode == "eval":
                         extra["seed_ms"] = f"{_seed_ms(direction, x, dy, weight, bias, running_mean, running_var):.4f}"
-                    extra.update(bytes=f"{passes}Ne", floor_ms=f"{floor_ms:.4f}",
-                                 of_copy=f"{100 * floor_ms / ours_ms:.0f}%")
+                    extra.update(bytes=f"{passes}Ne", **harness.bandwidth_columns(nbytes, ours_ms))
                     rows.append(harness.Row("batch_norm", f"{mode} {case}", str(dtype).replace("torch.", ""),
                                             direction, ours_ms, torch_ms, nbytes, "TB/s", extra))
             del x, dy

@@ -69,6 +69,30 @@ def time_ms(fn, *, graph: bool = True) -> float:
     return triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
 
 
+# The H200's copy ceiling for large tensors (shared/ANCHORS.md): bytes read + written per second.
+COPY_TBPS = 4.27
+
+
+def copy_ms(nbytes: int) -> float:
+    """Median ms of the faster of PyTorch's two device copies moving `nbytes` (half read, half
+    written), timed as `time_ms` times everything else: the copy ceiling for a pass of that size,
+    measured in the same run. A small pass cannot reach COPY_TBPS (a 19 MB copy is mostly launch and
+    ramp-up), so the memory-bound benches judge each pass against the copy of its own byte count, and
+    print both. The two copies: the device-to-device memcpy that `copy_` issues, and PyTorch's
+    vectorized elementwise kernel (a negation): neither is the faster at every size."""
+    source = torch.zeros(nbytes // 8, dtype=torch.float32, device="cuda")
+    destination = torch.empty_like(source)
+    return min(time_ms(lambda: destination.copy_(source)), time_ms(lambda: torch.neg(source, out=destination)))
+
+
+def bandwidth_columns(nbytes: int, ours_ms: float) -> dict:
+    """The memory-bound benches' extra columns: the floor at COPY_TBPS and our share of it, the same-size
+    copy's time and our share of its bandwidth (copy time over ours)."""
+    floor_ms, same_size_copy_ms = nbytes / (COPY_TBPS * 1e12) * 1e3, copy_ms(nbytes)
+    return dict(floor_ms=f"{floor_ms:.4f}", of_peak=f"{100 * floor_ms / ours_ms:.0f}%",
+                copy_ms=f"{same_size_copy_ms:.4f}", of_copy=f"{100 * same_size_copy_ms / ours_ms:.0f}%")
+
+
 def kernel_times(step, steps: int = 5, name_length: int = 90) -> collections.Counter:
     """{kernel name (cut to `name_length`): mean µs of GPU time per call of `step`}, from
     torch.profiler over `steps` calls after three warm-up calls: where a call's time goes."""
