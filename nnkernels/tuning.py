@@ -461,15 +461,13 @@ def pointwise_candidates(c_out: int, c_in: int, pixels: int, dtype: torch.dtype)
 def pointwise_dw_candidates(c_out: int, c_in: int, pixels: int, batch: int, dtype: torch.dtype) -> list[Config]:
     """Tiles and split of the 1x1 weight gradient: C_OUT x C_IN tiles, the B*HW pixels split until
     about two programs per SM run (four for the smaller tiles), each slice keeping at least four
-    steps. Both operands are pixel-contiguous, as every tensor-core type wants them. The last
-    candidate's 256-wide tile reads dy once for up to 256 input channels, where the 128-wide
-    tiles read it once per 128 (ResNet-50's 256->64 layer: dy is a fifth of the bytes)."""
+    steps. Both operands are pixel-contiguous, as every tensor-core type wants them."""
     if INTERPRETED:
         return [Config(_clamp_pow2(c_out, 16, 64), _clamp_pow2(c_in, 16, 128), _clamp_pow2(pixels, 16, 4096), 4, 1, 1)]
     block_k = 64 if dtype != torch.float32 else 32
     configs = []
     for block_m, block_n, warps, stages, oversubscribe in ((64, 128, 4, 3, 2), (128, 128, 8, 3, 2), (64, 64, 4, 4, 4),
-                                                           (64, 128, 8, 3, 2), (64, 256, 8, 3, 2)):
+                                                           (64, 128, 8, 3, 2)):
         block_m, block_n = _clamp_pow2(c_out, 16, block_m), _clamp_pow2(c_in, 16, block_n)
         tiles = -(-c_out // block_m) * -(-c_in // block_n)
         steps = batch * -(-pixels // block_k)
