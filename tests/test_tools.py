@@ -50,8 +50,8 @@ def test_kernel_sass_counts_opcodes_of_a_compiled_kernel():
                "        /*10060*/                  FFMA R7, R3, R5, R7 ;\n")  # past 64 KiB of code
     assert tool.opcode_counts(listing) == {"LDG": 2, "FFMA": 1}
     assert tool.registers(" Function k:\n  REG:40 STACK:0 SHARED:0") == 40
-    report = tool.main(["Conv2dDwReduce", "fp32", "False", "1", "8", "256"]).splitlines()
-    assert report[0] == "conv2d_dw_reduce__fp32__0__1__8__256"
+    report = tool.main(["Conv2dDwReduce", "fp32", "False", "1", "1", "8", "256"]).splitlines()
+    assert report[0] == "conv2d_dw_reduce__fp32__0__1__1__8__256"
     count, regs = re.fullmatch(r"(\d+) instructions, (\d+) registers per thread", report[1]).groups()
     assert int(count) > 0 and int(regs) > 0
     assert "LDG" in report[2] and "STG" in report[2]  # the partial rows read, dw written
