@@ -64,7 +64,7 @@ def _run_all(case, dtype, tf32, blocks=(32, 16, 16), split=3):
     dw = poisoned(C_OUT, C_IN // groups, KH, KW, dtype=dtype)
     dbias = poisoned(C_OUT, dtype=dtype)
     Conv2dDwReduce(has_bias, 1, 1, 4, 64, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
-                                                     dw.numel(), C_OUT)
+                                                              dw.numel(), C_OUT)
     refs = _references(x, w, bias, dy, stride, pad, dil, groups)
     return (y, dx, dw, dbias if has_bias else None), refs
 
