@@ -424,10 +424,10 @@ def reduce_tile(positions: int, taps: int = 1) -> tuple[int, int, int]:
     BLOCK positions per program. BLOCK: enough programs for two per SM, 128 to 1024 // TAP_BLOCK
     positions (at least 128); each program sums SPLIT rows group after group, latency-bound
     (measured 11 us for 36 programs of 1024 on the H200); the interpreter takes the widest.
-    SPLIT_ROWS: split rows loaded at once, REDUCE_TILE values in all, up to 64. Measured on the
-    H200: the 1x1 layer's reduce (programs of 128 values) took 11 us 8 rows at a time, 6 us 64;
-    512 x 512 x 9 tap-major values took 4x longer than the 1-D reduce before in tiles of 9 taps x
-    64 positions (8 rows), 1.8x less in tiles of 9 x 128 (4 rows)."""
+    SPLIT_ROWS: split rows loaded at once, REDUCE_TILE values in all (one row past 64 taps), up to
+    64. Measured on the H200: the 1x1 layer's reduce (programs of 128 values) took 11 us 8 rows at
+    a time, 6 us 64; 512 x 512 x 9 tap-major values took 4x longer than the 1-D reduce before in
+    tiles of 9 taps x 64 positions (8 rows), 1.8x less in tiles of 9 x 128 (4 rows)."""
     tap_block = pow2_at_least(taps)
     high = max(128, 1024 // tap_block)
     block = high if INTERPRETED else _clamp_pow2(positions // (2 * _num_sms()), 128, high)
