@@ -241,6 +241,13 @@ def batch_norm2d_partial_stats(
 
 
 @triton.jit
+def reversed_chunk():
+    """This program's chunk, counted from the grid's last: a second pass over the data of a first pass
+    that ran in grid order meets first the chunks that pass read last."""
+    return tl.num_programs(1) - 1 - tl.program_id(1)
+
+
+@triton.jit
 def batch_norm2d_train_normalize(
     x, y, weight, bias, partial_count, partial_mean, partial_m2, mean, rstd, var_unbiased,
     B, C, HW, NUM_PARTIALS, TILES_PER_CHUNK, eps,
@@ -254,9 +261,11 @@ def batch_norm2d_train_normalize(
     agree bitwise; program (c, 0) writes
     mean[c], rstd[c] = 1/sqrt(M2/n + eps) and var_unbiased[c] = M2/(n - 1). Then it writes, on
     the tiles of its chunk, y = (x - mean) * (weight[c] * rstd) + bias[c]. Every y is written.
+    Chunks and tiles are taken in the reverse of the statistics pass's order (`reversed_chunk`), so the
+    data that pass read last, most likely still in L2, is read first.
     """
     c = tl.program_id(0)
-    chunk = tl.program_id(1)
+    chunk = reversed_chunk()
     k = tl.arange(0, BLOCK_PARTIALS)
     in_partials = k < NUM_PARTIALS
     counts = tl.load(partial_count + c * NUM_PARTIALS + k, mask=in_partials, other=0.0)
@@ -278,7 +287,8 @@ def batch_norm2d_train_normalize(
     num_hw_tiles = tl.cdiv(HW, BLOCK_HW)
     first = chunk * TILES_PER_CHUNK
     last = tl.minimum(first + TILES_PER_CHUNK, tl.cdiv(B, BLOCK_B) * num_hw_tiles)
-    for t in range(first, last):
+    for i in range(first, last):
+        t = first + last - 1 - i
         b = (t // num_hw_tiles) * BLOCK_B + tl.arange(0, BLOCK_B)
         hw = (t % num_hw_tiles) * BLOCK_HW + tl.arange(0, BLOCK_HW)
         inside = (b < B)[:, None] & (hw < HW)[None, :]
@@ -393,10 +403,11 @@ def batch_norm2d_train_backward_dx(
     Grid: [C, chunks]. Every program of channel c sums its NUM_PARTIALS partials the same way;
     program (c, 0) writes dbias[c] = sum_dy and dweight[c] = rstd * sum_dy_xmu. On its tiles:
         dx = weight*rstd*(dy - sum_dy/M) - (x - mean) * weight*rstd^3 * sum_dy_xmu/M,  M = B*HW.
-    Every dx is written.
+    Every dx is written. Chunks and tiles in the reverse of the sums pass's order, as in
+    batch_norm2d_train_normalize.
     """
     c = tl.program_id(0)
-    chunk = tl.program_id(1)
+    chunk = reversed_chunk()
     k = tl.arange(0, BLOCK_PARTIALS)
     in_partials = k < NUM_PARTIALS
     sum_dy = tl.sum(tl.load(partial_sum_dy + c * NUM_PARTIALS + k, mask=in_partials, other=0.0), axis=0)
@@ -414,7 +425,8 @@ def batch_norm2d_train_backward_dx(
     num_hw_tiles = tl.cdiv(HW, BLOCK_HW)
     first = chunk * TILES_PER_CHUNK
     last = tl.minimum(first + TILES_PER_CHUNK, tl.cdiv(B, BLOCK_B) * num_hw_tiles)
-    for t in range(first, last):
+    for i in range(first, last):
+        t = first + last - 1 - i
         b = (t // num_hw_tiles) * BLOCK_B + tl.arange(0, BLOCK_B)
         hw = (t % num_hw_tiles) * BLOCK_HW + tl.arange(0, BLOCK_HW)
         inside = (b < B)[:, None] & (hw < HW)[None, :]
@@ -489,7 +501,7 @@ BatchNorm2dPartialStats = kernel_object(
     batch_norm2d_partial_stats, entry=partial_stats_entry, example=(8, 256), pointer_dtypes=_STATS)
 BatchNorm2dTrainNormalize = kernel_object(
     batch_norm2d_train_normalize, entry=normalize_entry, example=(8, 256, 64), floats=("eps",),
-    pointer_dtypes=_STATS)
+    pointer_dtypes=_STATS, helpers=(reversed_chunk,))
 # Fused kernels: by default 8 warps hold a FUSED_TILE-element tile at 32 elements per thread; the functional
 # op launches them with the channels per program and num_warps that tuning picks.
 FUSED_HELPERS = (channel_group_tile, channel_sums, per_column)
@@ -499,7 +511,8 @@ BatchNorm2dTrainForwardFused = kernel_object(
 BatchNorm2dPartialGradSums = kernel_object(
     batch_norm2d_partial_grad_sums, entry=partial_stats_entry, example=(8, 256), pointer_dtypes=_STATS)
 BatchNorm2dTrainBackwardDx = kernel_object(
-    batch_norm2d_train_backward_dx, entry=normalize_entry, example=(8, 256, 64), pointer_dtypes=_STATS)
+    batch_norm2d_train_backward_dx, entry=normalize_entry, example=(8, 256, 64), pointer_dtypes=_STATS,
+    helpers=(reversed_chunk,))
 BatchNorm2dTrainBackwardFused = kernel_object(
     batch_norm2d_train_backward_fused, entry=fused_entry, example=(4, 32, 256, 4), pointer_dtypes=_STATS,
     num_warps=8, helpers=FUSED_HELPERS)
