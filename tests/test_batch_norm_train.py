@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nnkernels import tuning
 from nnkernels.ops.batch_norm2d_train import BatchNorm2dTrainNormalize, batch_norm_plan
 from support import DEVICE, DTYPES, assert_close, gpu, poisoned, randn
 
@@ -17,10 +18,12 @@ STATS_TOL = 2e-5
 
 
 def _use_plan(kind, monkeypatch):
-    """The functional module's plan: its own (fused on tiny shapes) or one cutting channels into chunks."""
+    """The functional module's plan: its own (fused on tiny shapes) or one cutting channels into chunks
+    (the training passes take their tile and programs from `split_candidates`)."""
     if kind == "split":
         monkeypatch.setattr(bn, "batch_norm_plan", functools.partial(batch_norm_plan, tile=16, programs=9,
                                                                      fused_limit=0))
+        monkeypatch.setattr(bn, "split_candidates", lambda step: [tuning.Config(16, 9, 1, 4)])
 
 
 @pytest.fixture(params=["fused", "split"])
@@ -121,3 +124,39 @@ def test_split_kernels_on_gpu_are_deterministic_and_correct(dtype):
     assert_close(dx, dx64, dtype)
     assert_close(dweight, dw64, tol=STATS_TOL)
     assert_close(dbias, db64, tol=STATS_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d).replace("torch.", ""))
+def test_every_split_candidate_is_correct(dtype, monkeypatch):
+    """tuning.choose forced to pick candidate i of the GPU's split training candidates, after running
+    candidate i+1 (as tuning runs several on the same outputs): y, the statistics, dx, dweight and dbias
+    against float64. The shape is cut into tiles of 2 to 8 images, so the candidates launch different kernels
+    (some only differ in programs, which these few tiles do not fill)."""
+    monkeypatch.setattr(bn, "batch_norm_plan", functools.partial(batch_norm_plan, fused_limit=0))
+    monkeypatch.setattr(bn, "split_candidates", functools.partial(bn.split_candidates, gpu=True))
+    B, C, H, W = 16, 3, 32, 32
+    x = (randn(B, C, H, W) * 2 + 3).to(dtype)
+    weight, bias, dy = randn(C), randn(C), randn(B, C, H, W, dtype=dtype)
+    zeros, ones = torch.zeros(C, device=DEVICE), torch.ones(C, device=DEVICE)
+    y64, dx64, dw64, db64 = _reference(x, weight, bias, dy, True, zeros, ones)
+    for step in ("train_forward", "train_backward"):
+        candidates = bn.split_candidates(step)
+        assert len(set(candidates)) == len(candidates) >= 4
+    launched = set()
+    for index in range(len(bn.SPLIT_SHAPES["train_forward"])):
+        def pick(kind, key, candidates, run, i=index):
+            assert key == (B, C, H * W, str(dtype))
+            run(candidates[(i + 1) % len(candidates)])
+            return candidates[i]
+
+        monkeypatch.setattr(tuning, "choose", pick)
+        y, mean, rstd, var_unbiased = bn.batch_norm_train_op(x, weight, bias, 1e-5)
+        dx, dweight, dbias = bn.batch_norm_train_backward_op(dy, x, weight, mean, rstd)
+        assert_close(mean, x.double().mean((0, 2, 3)), tol=STATS_TOL)
+        assert_close(var_unbiased, x.double().var((0, 2, 3), unbiased=True), tol=STATS_TOL)
+        assert_close(y, y64, dtype)
+        assert_close(dx, dx64, dtype)
+        assert_close(dweight, dw64, tol=STATS_TOL)
+        assert_close(dbias, db64, tol=STATS_TOL)
+        launched.add(tuple(bn.last_kernels()["train_forward"] + bn.last_kernels()["train_backward"]))
+    assert len(launched) >= 4, launched

@@ -9,7 +9,7 @@ Timed in CUDA graphs: forward through the functional call (the training forward 
 running-statistics update on both sides); backward as the op each autograd formula calls
 (ours: nnkernels::batch_norm_*_backward; PyTorch: aten._batch_norm_impl_index_backward, cuDNN where
 it picks it).
-Run: python3 -m nnkernels.bench.batch_norm --out DIR [--quick] [--sweep] [--case 7x7]
+Run: python3 -m nnkernels.bench.batch_norm --out DIR [--quick] [--case 7x7]
 """
 from __future__ import annotations
 
@@ -108,51 +108,14 @@ def run(quick: bool = False, case_filter: str = "") -> list[harness.Row]:
     return rows
 
 
-def sweep() -> str:
-    """Times of each bf16 pass on B256 C64 112x112 per plan (tile, programs) and warp count, by
-    patching the functional module's plan and kernel cache for the duration of the sweep."""
-    harness.require_gpu()
-    original_plan, original_kernel = bn.batch_norm_plan, bn._kernel
-    lines = ["batch_norm sweep (bf16): ms per (tile elements, programs, num_warps); the table ran 2048/2112/4"]
-    configs = ((1024, 132 * 16, 4), (4096, 132 * 16, 8), (2048, 132 * 32, 4))
-    try:
-        for case, shape in SUITE[1:2]:
-            x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-            dy = torch.randn_like(x)
-            C = x.shape[1]
-            weight, bias = torch.randn(C, device="cuda"), torch.randn(C, device="cuda")
-            mean, rstd = torch.zeros(C, device="cuda"), torch.ones(C, device="cuda")
-            steps = {
-                "train_fwd": lambda: bn.batch_norm_train_op(x, weight, bias, 1e-5),
-                "train_bwd": lambda: bn.batch_norm_train_backward_op(dy, x, weight, mean, rstd),
-                "eval_fwd": lambda: bn.batch_norm_eval_op(x, mean, rstd, weight, bias, 1e-5),
-                "eval_bwd": lambda: bn.batch_norm_eval_backward_op(dy, x, mean, rstd, weight, 1e-5),
-            }
-            for step, fn in steps.items():
-                timings = []
-                for tile, programs, warps in configs:
-                    bn.batch_norm_plan = functools.partial(original_plan, tile=tile, programs=programs)
-                    bn._kernel = functools.lru_cache(maxsize=None)(
-                        lambda cls, dt, *consts, w=warps: cls(*consts, dtype=dt, num_warps=w))
-                    timings.append(f"{tile}/{programs}/{warps}={harness.time_ms(fn):.4f}")
-                lines.append(f"{case} {step}: " + " ".join(timings))
-            del x, dy
-    finally:
-        bn.batch_norm_plan, bn._kernel = original_plan, original_kernel
-    return "\n".join(lines)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--sweep", action="store_true", help="after the table, time plans and warp counts")
     parser.add_argument("--case", default="", help="only the suite's shapes whose name contains this (e.g. 7x7)")
     args = parser.parse_args()
     rows = run(quick=args.quick, case_filter=args.case)
     print(harness.report(rows, args.out, "batch_norm", f"batch_norm: nnkernels vs PyTorch; {BYTES_FORMULA}"))
-    if args.sweep:
-        print(sweep())
 
 
 if __name__ == "__main__":

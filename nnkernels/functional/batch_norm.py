@@ -12,8 +12,9 @@ Custom operators (each with a fake implementation, so `torch.compile(fullgraph=T
 
 Channels that fit one tile take the grouped kernels (several channels per program); their channels per
 program and num_warps are timed on the GPU per shape by `nnkernels.tuning.choose` over
-`grouped_candidates`, and remembered. The grouped kernels are pure (each call rewrites all its outputs),
-so tuning may run them many times; the running-statistics update is a separate op, run once after.
+`grouped_candidates`, and remembered; the split training passes' tile, programs and num_warps likewise over
+`split_candidates`. The tuned kernels are pure (each call rewrites all its outputs), so tuning may run them
+many times; the running-statistics update is a separate op, run once after.
 """
 from __future__ import annotations
 
@@ -42,10 +43,14 @@ from ..ops.batch_norm2d_train import (
     BatchNorm2dTrainForwardFused,
     BatchNorm2dTrainNormalize,
     BatchNorm2dUpdateRunningStats,
+    CPU_TILE,
+    GPU_PROGRAMS,
+    GPU_TILE,
     batch_norm_plan,
     fused_channels,
     grouped_plan,
 )
+from ..kernel import INTERPRETED
 from ..ops.host_math import next_power_of_2
 
 # The kernel classes this op launches (for `nnkernels list`).
@@ -68,8 +73,8 @@ def last_kernels() -> dict[str, list[str]]:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cls, dtype, *constants):
-    return cls(*constants, dtype=dtype)
+def _kernel(cls, dtype, *constants, num_warps=None):
+    return cls(*constants, dtype=dtype, num_warps=num_warps)
 
 
 def _run(step, launches):
@@ -156,6 +161,41 @@ def _run_grouped(step, cls, x, plan, arguments):
     run(tuning.choose(f"batch_norm_{step}_grouped", (B, C, HW, str(x.dtype)), candidates, run))
 
 
+# Tuning candidates of the split training passes (two kernels each), the heuristic's first: (elements per
+# tile, programs aimed at, num_warps); `choose` times the first three unless NNKERNELS_TUNE=full. On the H200
+# (BENCHMARKS.md, eighth session) the forward ran fastest on 8K-element tiles over twice the programs in
+# fp32 and bf16 on both large suite shapes (bf16 B32 C256 56x56: 56.5 -> 50.5 µs; B256 C64 112x112: 401 ->
+# 355), the backward on the heuristic's tile over twice the programs, or 8K tiles where channels are many.
+SPLIT_SHAPES = {
+    "train_forward": ((GPU_TILE, GPU_PROGRAMS, 4), (8192, 2 * GPU_PROGRAMS, 4), (4096, 2 * GPU_PROGRAMS, 4),
+                      (2048, 2 * GPU_PROGRAMS, 4), (8192, GPU_PROGRAMS, 4)),
+    "train_backward": ((GPU_TILE, GPU_PROGRAMS, 4), (2048, 2 * GPU_PROGRAMS, 4), (8192, 2 * GPU_PROGRAMS, 4),
+                       (4096, 2 * GPU_PROGRAMS, 8), (8192, GPU_PROGRAMS, 4)),
+}
+
+
+def split_candidates(step, *, gpu=not INTERPRETED):
+    """Configs a split training pass (`step` "train_forward" or "train_backward") is tuned over:
+    block_m = elements per tile and block_n = programs aimed at (`batch_norm_plan`'s tile and programs),
+    num_warps; block_k, num_stages and split unused. In the interpreter one: the CPU plan (few, large tiles)."""
+    if not gpu:
+        return [tuning.Config(CPU_TILE, 1, 1, 4)]
+    return [tuning.Config(tile, programs, 1, num_warps) for tile, programs, num_warps in SPLIT_SHAPES[step]]
+
+
+def _run_split(step, x, launches):
+    """Launch the split passes of `step` with the config tuning picks for x's shape and dtype;
+    `launches(plan, num_warps)` are their [(kernel, args)] for one plan."""
+    B, C, HW = _dims(x)
+
+    def run(config):
+        plan = batch_norm_plan(B, C, HW, element_size=x.element_size(), tile=config.block_m,
+                               programs=config.block_n)
+        _run(step, launches(plan, config.num_warps))
+
+    run(tuning.choose(f"batch_norm_{step}_split", (B, C, HW, str(x.dtype)), split_candidates(step), run))
+
+
 def _stats(x, n):
     return [torch.empty(n, device=x.device, dtype=F32) for _ in range(4)]
 
@@ -175,14 +215,17 @@ def batch_norm_train_op(
         _run_grouped("train_forward", BatchNorm2dTrainForwardFused, x, plan,
                      lambda channels: (x, y, weight, bias, mean, rstd, var_unbiased, B, C, HW, channels, eps))
         return y, mean, rstd, var_unbiased
-    count, partial_mean, partial_m2 = (torch.empty(C * plan.num_chunks, device=x.device, dtype=F32) for _ in range(3))
-    stats = _kernel(BatchNorm2dPartialStats, x.dtype, plan.block_b, plan.block_hw)
-    normalize = _kernel(BatchNorm2dTrainNormalize, x.dtype, plan.block_b, plan.block_hw, plan.block_partials)
-    _run("train_forward", [
-        (stats, (x, count, partial_mean, partial_m2, B, C, HW, plan.tiles_per_chunk)),
-        (normalize, (x, y, weight, bias, count, partial_mean, partial_m2, mean, rstd, var_unbiased,
-                     B, C, HW, plan.num_chunks, plan.tiles_per_chunk, eps)),
-    ])
+
+    def launches(plan, num_warps):
+        count, partial_mean, partial_m2 = (x.new_empty(C * plan.num_chunks, dtype=F32) for _ in range(3))
+        stats = _kernel(BatchNorm2dPartialStats, x.dtype, plan.block_b, plan.block_hw, num_warps=num_warps)
+        normalize = _kernel(BatchNorm2dTrainNormalize, x.dtype, plan.block_b, plan.block_hw, plan.block_partials,
+                            num_warps=num_warps)
+        return [(stats, (x, count, partial_mean, partial_m2, B, C, HW, plan.tiles_per_chunk)),
+                (normalize, (x, y, weight, bias, count, partial_mean, partial_m2, mean, rstd, var_unbiased,
+                             B, C, HW, plan.num_chunks, plan.tiles_per_chunk, eps))]
+
+    _run_split("train_forward", x, launches)
     return y, mean, rstd, var_unbiased
 
 
@@ -207,14 +250,17 @@ def batch_norm_train_backward_op(
         _run_grouped("train_backward", BatchNorm2dTrainBackwardFused, x, plan,
                      lambda channels: (dy, x, dx, weight, mean, rstd, dweight, dbias, B, C, HW, channels))
         return dx, dweight, dbias
-    sum_dy, sum_dy_xmu = (torch.empty(C * plan.num_chunks, device=x.device, dtype=F32) for _ in range(2))
-    sums = _kernel(BatchNorm2dPartialGradSums, x.dtype, plan.block_b, plan.block_hw)
-    dx_kernel = _kernel(BatchNorm2dTrainBackwardDx, x.dtype, plan.block_b, plan.block_hw, plan.block_partials)
-    _run("train_backward", [
-        (sums, (dy, x, mean, sum_dy, sum_dy_xmu, B, C, HW, plan.tiles_per_chunk)),
-        (dx_kernel, (dy, x, dx, weight, mean, rstd, sum_dy, sum_dy_xmu, dweight, dbias,
-                     B, C, HW, plan.num_chunks, plan.tiles_per_chunk)),
-    ])
+
+    def launches(plan, num_warps):
+        sum_dy, sum_dy_xmu = (x.new_empty(C * plan.num_chunks, dtype=F32) for _ in range(2))
+        sums = _kernel(BatchNorm2dPartialGradSums, x.dtype, plan.block_b, plan.block_hw, num_warps=num_warps)
+        dx_kernel = _kernel(BatchNorm2dTrainBackwardDx, x.dtype, plan.block_b, plan.block_hw, plan.block_partials,
+                            num_warps=num_warps)
+        return [(sums, (dy, x, mean, sum_dy, sum_dy_xmu, B, C, HW, plan.tiles_per_chunk)),
+                (dx_kernel, (dy, x, dx, weight, mean, rstd, sum_dy, sum_dy_xmu, dweight, dbias,
+                             B, C, HW, plan.num_chunks, plan.tiles_per_chunk))]
+
+    _run_split("train_backward", x, launches)
     return dx, dweight, dbias
 
 
