@@ -163,9 +163,10 @@ def _run_grouped(step, cls, x, plan, arguments):
 
 # Tuning candidates of the split training passes (two kernels each), the heuristic's first: (elements per
 # tile, programs aimed at, num_warps); `choose` times the first three unless NNKERNELS_TUNE=full. On the H200
-# (BENCHMARKS.md, eighth session) the forward ran fastest on 8K-element tiles over twice the programs in
-# fp32 and bf16 on both large suite shapes (bf16 B32 C256 56x56: 56.5 -> 50.5 µs; B256 C64 112x112: 401 ->
-# 355), the backward on the heuristic's tile over twice the programs, or 8K tiles where channels are many.
+# (BENCHMARKS.md, eighth session) the forward ran 5% to 12% faster on 4K or 8K-element tiles than on the
+# heuristic's 2K (bf16 B32 C256 56x56: 56.5 -> 50.8 µs at 4K tiles over twice the programs; B256 C64
+# 112x112: 401 -> 355 at 8K), the backward best on 8K tiles over twice the programs on B32 C256 (bf16 76.1
+# -> 72.2) and within 1% of the best on the heuristic's tile over twice the programs on B256 C64.
 SPLIT_SHAPES = {
     "train_forward": ((GPU_TILE, GPU_PROGRAMS, 4), (8192, 2 * GPU_PROGRAMS, 4), (4096, 2 * GPU_PROGRAMS, 4),
                       (2048, 2 * GPU_PROGRAMS, 4), (8192, GPU_PROGRAMS, 4)),
