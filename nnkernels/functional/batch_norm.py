@@ -27,6 +27,7 @@ import torch
 from .. import _mode  # noqa: F401  (first: settles Triton's mode before the kernel modules import triton)
 
 from .. import tuning
+from ..kernel import INTERPRETED
 
 from ..ops.batch_norm2d_eval import (
     BatchNorm2dEvalBackward,
@@ -50,7 +51,6 @@ from ..ops.batch_norm2d_train import (
     fused_channels,
     grouped_plan,
 )
-from ..kernel import INTERPRETED
 from ..ops.host_math import next_power_of_2
 
 # The kernel classes this op launches (for `nnkernels list`).
