@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ..kernel import kernel_object
 from .checks import check_numel
-from .conv2d_gemm_dw import dw_partial_size
+from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
 from .tiles import zero_tiles
@@ -314,10 +314,7 @@ def conv2d_depthwise_dw(
             acc += _depthwise_dw_band(dy_row_0, x_row_0, oh_first, ow, c_ok, H, W, OH, OW, KH, KW, STRIDE_H,
                                       STRIDE_W, PAD_H, PAD_W, DIL_H, DIL_W, HAS_BIAS, BLOCK_TAPS, PLANES, ROWS, BLOCK_W,
                                       GATHER_COLUMNS, True)
-    row_len = C * taps
-    if HAS_BIAS:
-        row_len += C
-    row = partial + split.to(tl.int64) * row_len
+    row = partial_row(partial, split, C * taps, C, HAS_BIAS)
     tl.store(row + c[:, None] * taps + tap[None, :], acc, mask=c_ok[:, None] & (tap < taps)[None, :])
     if HAS_BIAS:
         tl.store(row + C * taps + c, tl.sum(tl.where(tap[None, :] == BLOCK_TAPS - 1, acc, 0.0), axis=1), mask=c_ok)
@@ -345,7 +342,7 @@ Conv2dDepthwiseDx = kernel_object(
 )
 Conv2dDepthwiseDw = kernel_object(
     conv2d_depthwise_dw,
-    helpers=(_depthwise_dw_band, _where_row, _row_taps),
+    helpers=(_depthwise_dw_band, _where_row, _row_taps, *PARTIAL_ROW_HELPERS),
     example=_GEOMETRY + (False, 16, 4, 7, 32, True),
     entry=conv2d_depthwise_dw_entry,
     pointer_dtypes={"partial": torch.float32},

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from ..kernel import kernel_object
 from .checks import check_numel
-from .conv2d_gemm_dw import dw_partial_size
+from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
 from .tensor_core import conv_dot
@@ -206,10 +206,7 @@ def conv2d_gemm_cl_dw(
         acc = conv_dot(tl.trans(dy_tile), x_tile, acc, TF32)
         if HAS_BIAS:
             dbias += tl.sum(dy_tile.to(tl.float32), axis=0)
-    row_len = C_OUT * C_IN * taps
-    if HAS_BIAS:
-        row_len += C_OUT
-    row = partial + split.to(tl.int64) * row_len
+    row = partial_row(partial, split, C_OUT * C_IN * taps, C_OUT, HAS_BIAS)
     column = tl.reshape(c_in[None, :] * taps + tap[:, None], [BLOCK_N])
     column_ok = tl.reshape(tap_ok[:, None] & (c_in < C_IN)[None, :], [BLOCK_N])
     tl.store(row + (c_out * (C_IN * taps))[:, None] + column[None, :], acc,
@@ -232,7 +229,7 @@ Conv2dGemmClForward = kernel_object(
 )
 Conv2dGemmClDw = kernel_object(
     conv2d_gemm_cl_dw,
-    helpers=(conv_dot,),
+    helpers=(conv_dot, *PARTIAL_ROW_HELPERS),
     example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64, 1),
     entry=conv2d_gemm_cl_dw_entry,
     pointer_dtypes={"partial": torch.float32},

@@ -23,6 +23,24 @@ def dw_partial_size(c_out, cin_per_group, kh, kw, has_bias):
     return c_out * cin_per_group * kh * kw + (c_out if has_bias else 0)
 
 
+@triton.jit
+def partial_row_length(N_DW, C_OUT, HAS_BIAS: tl.constexpr):
+    """`dw_partial_size` in a kernel: N_DW weight sums, then C_OUT bias sums when HAS_BIAS."""
+    if HAS_BIAS:
+        return N_DW + C_OUT
+    return N_DW
+
+
+@triton.jit
+def partial_row(partial, split, N_DW, C_OUT, HAS_BIAS: tl.constexpr):
+    """Split `split`'s row of the fp32 partials every split dw kernel writes (`partial_row_length` long)."""
+    return partial + split.to(tl.int64) * partial_row_length(N_DW, C_OUT, HAS_BIAS)
+
+
+# The helpers of a kernel that calls `partial_row` (for its sources and content hash).
+PARTIAL_ROW_HELPERS = (partial_row, partial_row_length)
+
+
 def conv2d_gemm_dw_entry(k, a):
     """Grid (c_out tiles * n tiles, SPLIT, G) for `Conv2dGemmDw`."""
     cin_per_group, cout_per_group = check_conv_launch(k, a, k.g)
@@ -101,10 +119,7 @@ def conv2d_gemm_dw(
         acc = conv_dot(dy_tile, tl.trans(x_tile), acc, TF32)
         if HAS_BIAS:
             dbias += tl.sum(dy_tile.to(tl.float32), axis=1)
-    row_len = C_OUT * n_total
-    if HAS_BIAS:
-        row_len += C_OUT
-    row = partial + split.to(tl.int64) * row_len
+    row = partial_row(partial, split, C_OUT * n_total, C_OUT, HAS_BIAS)
     w_index = (group * cout_per_group + c_out)[:, None] * n_total + n[None, :]
     tl.store(row + w_index, acc, mask=c_out_ok[:, None] & n_ok[None, :])
     if HAS_BIAS:
@@ -169,9 +184,7 @@ def conv2d_dw_reduce(partial, dw, dbias, SPLIT, N_DW, C_OUT, HAS_BIAS: tl.conste
     10.1 us. Every element of dw (and dbias) is written; dbias is not touched unless HAS_BIAS.
     """
     positions = N_DW // TAPS
-    row_len = N_DW
-    if HAS_BIAS:
-        row_len += C_OUT
+    row_len = partial_row_length(N_DW, C_OUT, HAS_BIAS)
     first = tl.program_id(0) * BLOCK
     tap = tl.arange(0, TAP_BLOCK)
     p = first + tl.arange(0, BLOCK)
@@ -188,7 +201,7 @@ def conv2d_dw_reduce(partial, dw, dbias, SPLIT, N_DW, C_OUT, HAS_BIAS: tl.conste
 
 Conv2dGemmDw = kernel_object(
     conv2d_gemm_dw,
-    helpers=(conv_dot,),
+    helpers=(conv_dot, *PARTIAL_ROW_HELPERS),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64),
     entry=conv2d_gemm_dw_entry,
     pointer_dtypes={"partial": torch.float32},
@@ -199,7 +212,7 @@ Conv2dGemmDw = kernel_object(
 )
 Conv2dDwReduce = kernel_object(
     conv2d_dw_reduce,
-    helpers=(_split_sum,),
+    helpers=(_split_sum, partial_row_length),
     example=(False, 1, 1, 8, 1024),
     entry=conv2d_dw_reduce_entry,
     flags=("HAS_BIAS",),

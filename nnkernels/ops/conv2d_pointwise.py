@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ..kernel import kernel_object
 from .checks import check_grid, check_numel
-from .conv2d_gemm_dw import dw_partial_size
+from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 from .conv2d_gemm_forward import check_grid_3d
 from .host_math import cdiv
 from .tensor_core import conv_dot
@@ -142,10 +142,7 @@ def conv2d_pointwise_dw(
         acc = conv_dot(dy_tile, x_tile, acc, TF32)
         if HAS_BIAS:
             dbias += tl.sum(dy_tile.to(tl.float32), axis=1)
-    row_len = C_OUT * C_IN
-    if HAS_BIAS:
-        row_len += C_OUT
-    row = partial + split.to(tl.int64) * row_len
+    row = partial_row(partial, split, C_OUT * C_IN, C_OUT, HAS_BIAS)
     tl.store(row + c_out[:, None] * C_IN + c_in[None, :], acc, mask=c_out_ok[:, None] & c_in_ok[None, :])
     if HAS_BIAS:
         if pid_tile % num_n_tiles == 0:
@@ -154,7 +151,7 @@ def conv2d_pointwise_dw(
 
 Conv2dPointwiseDw = kernel_object(
     conv2d_pointwise_dw,
-    helpers=(conv_dot,),
+    helpers=(conv_dot, *PARTIAL_ROW_HELPERS),
     example=(False, True, 64, 64, 64),
     entry=conv2d_pointwise_dw_entry,
     pointer_dtypes={"partial": torch.float32},

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ..kernel import kernel_object
 from .checks import check_numel
-from .conv2d_gemm_dw import dw_partial_size
+from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
 from .tensor_core import conv_dot
@@ -130,10 +130,7 @@ def conv2d_tma_dw(
         acc = updated
         if HAS_BIAS:
             dbias += tl.sum(dy_tile.to(tl.float32), axis=0)
-    row_len = C_OUT * C_IN * taps
-    if HAS_BIAS:
-        row_len += C_OUT
-    row = partial + split.to(tl.int64) * row_len
+    row = partial_row(partial, split, C_OUT * C_IN * taps, C_OUT, HAS_BIAS)
     c_out = c_out_first + tl.arange(0, BLOCK_M)
     c_in = c_in_first + tl.arange(0, BLOCK_N)
     ok = (c_out < C_OUT)[:, None] & (c_in < C_IN)[None, :]
@@ -147,7 +144,7 @@ def conv2d_tma_dw(
 
 Conv2dTmaDw = kernel_object(
     conv2d_tma_dw,
-    helpers=(_tap_window, zero_tiles, conv_dot),
+    helpers=(_tap_window, zero_tiles, conv_dot, *PARTIAL_ROW_HELPERS),
     example=(3, 3, 1, 1, 1, 1, 1, 1, False, False, 3, 64, 64, 8, 8),
     entry=conv2d_tma_dw_entry,
     pointer_dtypes={"partial": torch.float32},
