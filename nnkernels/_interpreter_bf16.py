@@ -1,5 +1,6 @@
-"""bf16 atomic add for Triton's interpreter, which has none ("Unsupported data type"), and a
-bf16 `tl.dot`, which it computes on the raw uint16 bits (garbage). Float dots go through fp32
+"""bf16 atomic add for Triton's interpreter, which has none ("Unsupported data type"), a
+bf16 `tl.dot`, which it computes on the raw uint16 bits (garbage), and fp32 -> bf16 casts rounded
+to nearest even as the GPU rounds them (the interpreter truncates). Float dots go through fp32
 and numpy's BLAS matmul (the interpreter's `np.matmul(..., dtype=)` takes a loop that is ~50x slower).
 
 The interpreter runs one program at a time and one operation at a time, so a read, an add in
@@ -58,5 +59,16 @@ def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     return TensorHandle(np.matmul(_as_fp32(a), _as_fp32(b)) + d.data, d.dtype.scalar)
 
 
+_cast = InterpreterBuilder.cast_impl
+
+
+def cast_impl(self, src, dst_type):
+    if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+        return _cast(self, src, dst_type)
+    values = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
+    return TensorHandle(_fp32_to_bf16_bits(values), tl.bfloat16)
+
+
 InterpreterBuilder.create_atomic_rmw = create_atomic_rmw
 InterpreterBuilder.create_dot = create_dot
+InterpreterBuilder.cast_impl = cast_impl
