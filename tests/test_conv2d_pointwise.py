@@ -3,7 +3,7 @@ exercised on the interpreter too, against PyTorch in float64."""
 import pytest
 import torch
 import torch.nn.functional as F
-from support import DTYPES, assert_close, dtype_id, poisoned, randn
+from support import BF16X3_TOLERANCE, DTYPES, assert_close, dtype_id, poisoned, randn
 
 from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce
 from nnkernels.ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw
@@ -43,6 +43,22 @@ def test_pointwise_forward_dx_and_dw_over_ragged_tiles(dtype):
     Conv2dDwReduce(True, 1, 1, 8, 256, dtype=dtype).launch(partial, dw, db, split, C_OUT * C_IN, C_OUT)
     assert_close(dw, dw64, dtype)
     assert_close(db, db64, dtype)
+
+
+def test_pointwise_fp32_with_tf32_takes_bf16x3_products():
+    """With TF32 allowed, fp32 goes through three bf16 products of split values (`bf16x3_dot`): the
+    forward and dx within BF16X3_TOLERANCE, far under TF32's error."""
+    x, w, b = randn(B, C_IN, H, W), randn(C_OUT, C_IN, 1, 1), randn(C_OUT)
+    dy = randn(B, C_OUT, H, W)
+    y64, dx64, _, _ = reference(x, w, b, dy)
+    tiles = dict(block_m=16, block_n=16, block_k=16)
+    y = poisoned(B, C_OUT, H, W)
+    Conv2dPointwise(has_bias=True, tf32=True, **tiles).launch(x, w, b, y, B, C_IN, C_OUT, H * W)
+    assert_close(y, y64, tol=BF16X3_TOLERANCE)
+    dx = poisoned(B, C_IN, H, W)
+    w_t = w.reshape(C_OUT, C_IN).t().contiguous()
+    Conv2dPointwise(has_bias=False, tf32=True, **tiles).launch(dy, w_t, dx, dx, B, C_OUT, C_IN, H * W)
+    assert_close(dx, dx64, tol=BF16X3_TOLERANCE)
 
 
 def test_pointwise_refuses_a_split_longer_than_the_pixels():

@@ -10,7 +10,7 @@ import torch
 from nnkernels import tuning
 from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce, dw_partial_size
 from nnkernels.ops.conv2d_tma_dw import Conv2dTmaDw
-from support import DEVICE, DTYPES, assert_close, dtype_id, poisoned, randn
+from support import BF16X3_TOLERANCE, DEVICE, DTYPES, assert_close, dtype_id, poisoned, randn
 
 # (B, C_IN, C_OUT, H, W, KH, KW, pad, dilation, bias)
 CASES = [
@@ -22,13 +22,13 @@ CASES = [
 ]
 
 
-def _tma_dw(case, dtype, row_taps, split, box=(4, 4), blocks=(16, 16)):
+def _tma_dw(case, dtype, row_taps, split, box=(4, 4), blocks=(16, 16), tf32=False):
     """(dw, dbias) from Conv2dTmaDw + the tap-major reduce, and torch's float64 (dw, dbias)."""
     B, C_IN, C_OUT, H, W, KH, KW, pad, dil, has_bias = case
     OH, OW = H + 2 * pad[0] - dil[0] * (KH - 1), W + 2 * pad[1] - dil[1] * (KW - 1)
     x, dy = randn(B, C_IN, H, W, dtype=dtype), randn(B, C_OUT, OH, OW, dtype=dtype)
     partial = poisoned(split, dw_partial_size(C_OUT, C_IN, KH, KW, has_bias))
-    kernel = Conv2dTmaDw(KH, KW, 1, 1, *pad, *dil, has_bias, False, row_taps, *blocks, *box, dtype=dtype)
+    kernel = Conv2dTmaDw(KH, KW, 1, 1, *pad, *dil, has_bias, tf32, row_taps, *blocks, *box, dtype=dtype)
     kernel.launch(dy.permute(0, 2, 3, 1).contiguous(), x.permute(0, 2, 3, 1).contiguous(), partial,
                   B, C_IN, C_OUT, H, W, OH, OW, split)
     dw, dbias = poisoned(C_OUT, C_IN, KH, KW, dtype=dtype), poisoned(C_OUT, dtype=dtype)
@@ -41,15 +41,17 @@ def _tma_dw(case, dtype, row_taps, split, box=(4, 4), blocks=(16, 16)):
     return (dw, dbias if has_bias else None), (w64.grad, b64.grad if has_bias else None)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype, tf32", [(torch.float32, False), (torch.float32, True), *(
+    (dtype, True) for dtype in DTYPES[1:])], ids=["fp32", "fp32-tf32-allowed", *map(dtype_id, DTYPES[1:])])
 @pytest.mark.parametrize("row_taps", ["one-tap", "kernel-row"])
 @pytest.mark.parametrize("case", CASES)
-def test_tma_dw_matches_float64(case, row_taps, dtype):
+def test_tma_dw_matches_float64(case, row_taps, dtype, tf32):
+    """fp32 with TF32 allowed runs three bf16 products of split values, within BF16X3_TOLERANCE."""
     taps = 1 if row_taps == "one-tap" else case[6]
-    ours, refs = _tma_dw(case, dtype, taps, split=2)
+    ours, refs = _tma_dw(case, dtype, taps, split=2, tf32=tf32)
     for out, ref in zip(ours, refs):
         if ref is not None:
-            assert_close(out, ref, dtype)
+            assert_close(out, ref, dtype, tol=BF16X3_TOLERANCE if dtype == torch.float32 and tf32 else None)
 
 
 @pytest.mark.parametrize("split", [1, 6], ids=["one-slice", "six-slices"])

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import DEVICE, INTERPRETED, TOLERANCE, assert_close
+from support import CONV_TF32_TOLERANCE, DEVICE, TOLERANCE, assert_close
 
 from nnkernels.functional.avg_pool2d import avg_pool2d
 from nnkernels.functional.batch_norm import batch_norm
@@ -47,7 +47,6 @@ EXAMPLES = {"conv2d": 1.0, "avg_pool2d": 1.5, "batch_norm": 1.5}
 MAX_BATCH, MAX_CHANNELS, MAX_EXTRA = (4, 40, 24) if LARGE else (3, 5, 4)
 
 DTYPES = st.sampled_from([torch.float32, torch.float16, torch.bfloat16])
-TF32_TOLERANCE = 2e-3
 
 
 def examples(op):
@@ -60,8 +59,8 @@ def random_tensor(generator, shape, dtype):
 
 
 def conv_tolerance(dtype):
-    tf32 = dtype == torch.float32 and not INTERPRETED and torch.backends.cudnn.allow_tf32
-    return TF32_TOLERANCE if tf32 else TOLERANCE[dtype]
+    tf32 = dtype == torch.float32 and torch.backends.cudnn.allow_tf32
+    return CONV_TF32_TOLERANCE if tf32 else TOLERANCE[dtype]
 
 
 def assert_near(out, ref, tol, floor=0.0):

@@ -9,7 +9,7 @@ is explained where it is made), and the finite elements within tolerance.
 import pytest
 import torch
 import torch.nn.functional as F
-from support import DEVICE, DTYPES, INTERPRETED, TOLERANCE, assert_close, dtype_id, gpu, randn
+from support import CONV_TF32_TOLERANCE, DEVICE, DTYPES, TOLERANCE, assert_close, dtype_id, gpu, randn
 
 import nnkernels.nn as nkn
 from nnkernels.functional.avg_pool2d import avg_pool2d
@@ -17,12 +17,10 @@ from nnkernels.functional.batch_norm import batch_norm
 from nnkernels.functional.conv2d import conv2d
 
 INF, NAN = float("inf"), float("nan")
-# fp32 convolutions on the GPU run in TF32 like cuDNN's (torch.backends.cudnn.allow_tf32).
-CONV_FP32_TOLERANCE = TOLERANCE[torch.float32] if INTERPRETED else 2e-3
 
 
 def tolerance(dtype, op):
-    return CONV_FP32_TOLERANCE if op.startswith("conv2d") and dtype == torch.float32 else TOLERANCE[dtype]
+    return CONV_TF32_TOLERANCE if op.startswith("conv2d") and dtype == torch.float32 else TOLERANCE[dtype]
 
 
 def running_stats(C):
@@ -39,6 +37,12 @@ def conv_call(module):
 def channels_last_call(module):
     def call(x, params, stats):
         return module.conv2d(x, *params, padding=1)
+    return call
+
+
+def pointwise_call(module):
+    def call(x, params, stats):
+        return module.conv2d(x, *params)
     return call
 
 
@@ -66,6 +70,8 @@ class Ours:
 
 OPS = {
     "conv2d": (conv_call(Ours), conv_call(F), lambda C: [randn(4, C, 3, 3), randn(4)]),
+    # 1x1: a matrix product per image, in fp32 with TF32 on as three bf16 products of split values.
+    "conv2d-pointwise": (pointwise_call(Ours), pointwise_call(F), lambda C: [randn(5, C, 1, 1), randn(5)]),
     "conv2d-depthwise": (depthwise_call(Ours), depthwise_call(F), lambda C: [randn(C, 1, 3, 3), randn(C)]),
     # 16 channels in and out, groups 1, stride 1: the channels-last kernels, dx as a convolution of dy.
     "conv2d-channels-last": (channels_last_call(Ours), channels_last_call(F),
@@ -284,12 +290,12 @@ def test_conv2d_non_contiguous_weight_and_bias():
         y = conv2d(x, w, bias, padding=1)
         refs = [t.detach().double().cpu().requires_grad_() for t in (w, bias)]
         ref = F.conv2d(x.double().cpu(), *refs, padding=1)
-        assert_close(y, ref, tol=CONV_FP32_TOLERANCE)
+        assert_close(y, ref, tol=CONV_TF32_TOLERANCE)
         dy = randn(*y.shape)
         y.backward(dy)
         ref.backward(dy.double().cpu())
         for got, want in zip((w.grad, bias.grad), (refs[0].grad, refs[1].grad)):
-            assert_close(got, want, tol=CONV_FP32_TOLERANCE)
+            assert_close(got, want, tol=CONV_TF32_TOLERANCE)
 
 
 def test_batch_norm_strided_parameters():

@@ -15,7 +15,7 @@ from .checks import check_grid, check_numel
 from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 from .conv2d_gemm_forward import check_grid_3d
 from .host_math import cdiv
-from .tensor_core import conv_dot
+from .tensor_core import BF16X3_HELPERS, bf16x3_dot, bf16x3_total, conv_dot
 
 
 def conv2d_pointwise_entry(k, a):
@@ -40,11 +40,11 @@ def conv2d_pointwise(
     because axes 1 and 2 stop at 65535. Program (b * cdiv(HW, BLOCK_N) + pn, pm) writes y[b, c_out, p]
     for the BLOCK_M channels c_out of tile pm and the BLOCK_N pixels p of tile pn:
         y[b, c_out, p] = bias[c_out] + sum over c_in of w[c_out, c_in] * x[b, c_in, p],
-    the sum over C_IN in BLOCK_K slices, accumulated in fp32, y rounded once: on tensor cores, fp32
-    in TF32 when TF32; fp32 otherwise in FMA products, not `conv_dot`'s tf32x3 (the x tile runs
-    along pixels, not the reduced channels, which TF32 tensor cores cannot read as it is: on the
-    H200, B32 256->64 @56 took 99 µs with FMA products and 180 µs with tf32x3; 64->256, 107 and
-    142). Every element of y is written; bias is read only when HAS_BIAS.
+    the sum over C_IN in BLOCK_K slices, accumulated in fp32, y rounded once: on bf16 tensor cores,
+    fp32 as `bf16x3_dot` when TF32 (the x tile runs along pixels, not the reduced channels, which
+    TF32 tensor cores cannot read as it is); fp32 otherwise in FMA products, not `conv_dot`'s tf32x3
+    (on the H200, B32 256->64 @56 took 99 µs with FMA products and 180 µs with tf32x3; 64->256, 107
+    and 142). Every element of y is written; bias is read only when HAS_BIAS.
     Called with w transposed ([C_IN, C_OUT] of the forward) and dy for x, it computes dx.
     """
     pixel_tiles = tl.cdiv(HW, BLOCK_N)
@@ -60,16 +60,19 @@ def conv2d_pointwise(
     x_tile_ptr = x + b.to(tl.int64) * C_IN * HW + k[:, None].to(tl.int64) * HW + pixel[None, :]
     w_tile_ptr = w + c_out[:, None].to(tl.int64) * C_IN + k[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    cross = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # bf16x3's low-part products (fp32, TF32)
     for k_first in range(0, C_IN, BLOCK_K):
         k_ok = (k_first + k) < C_IN
         x_tile = tl.load(x_tile_ptr, mask=k_ok[:, None] & pixel_ok[None, :], other=0.0)
         w_tile = tl.load(w_tile_ptr, mask=c_out_ok[:, None] & k_ok[None, :], other=0.0)
         if TF32:
-            acc = tl.dot(w_tile, x_tile, acc, input_precision="tf32")
+            acc, cross = bf16x3_dot(w_tile, x_tile, acc, cross)
         else:
             acc = tl.dot(w_tile, x_tile, acc, input_precision="ieee")
         x_tile_ptr += BLOCK_K * HW
         w_tile_ptr += BLOCK_K
+    if TF32:
+        acc = bf16x3_total(acc, cross, x.dtype.element_ty)
     if HAS_BIAS:
         acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[:, None]
     y_tile_ptr = y + (b.to(tl.int64) * C_OUT + c_out[:, None]) * HW + pixel[None, :]
@@ -78,6 +81,7 @@ def conv2d_pointwise(
 
 Conv2dPointwise = kernel_object(
     conv2d_pointwise,
+    helpers=BF16X3_HELPERS,
     example=(False, True, 64, 128, 32),
     entry=conv2d_pointwise_entry,
     flags=("HAS_BIAS", "TF32"),

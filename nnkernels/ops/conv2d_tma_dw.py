@@ -17,7 +17,7 @@ from .checks import check_numel
 from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
-from .tensor_core import conv_dot
+from .tensor_core import BF16X3_HELPERS, bf16x3_dot, bf16x3_total, conv_dot
 from .tiles import zero_tiles
 from .tma import check_tma_rows, use_torch_scratch
 
@@ -77,8 +77,9 @@ def conv2d_tma_dw(
             dy[b, oh, ow, c_out] * x[b, oh - PAD_H + kh*DIL_H, ow - PAD_W + kw*DIL_W, c_in]
     with both read as 0 outside their tensors (the TMA's fill), and when HAS_BIAS the programs of
     the first taps and c_in tile also write partial[s, C_OUT*C_IN*KH*KW + c_out] = the sum of dy.
-    Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 sums; every element of
-    `partial` is written.
+    Tensor-core products, fp32 sums: fp32 as `bf16x3_dot` when TF32 (channels-last tiles run along
+    channels, not the reduced pixels, which TF32 tensor cores cannot read as they are), as tf32x3
+    (`conv_dot`) otherwise; every element of `partial` is written.
     """
     pid_tile = tl.program_id(0)
     split = tl.program_id(1)
@@ -117,6 +118,7 @@ def conv2d_tma_dw(
     boxes = B * boxes_h * boxes_w
     slice_len = tl.cdiv(boxes, SPLIT)
     acc = zero_tiles(ROW_TAPS, BLOCK_M, BLOCK_N)
+    cross = zero_tiles(ROW_TAPS, BLOCK_M, BLOCK_N)  # bf16x3's low-part products (fp32, TF32)
     dbias = tl.zeros([BLOCK_M], dtype=tl.float32)
     for box in range(split * slice_len, tl.minimum((split + 1) * slice_len, boxes)):
         b = box // (boxes_h * boxes_w)
@@ -124,10 +126,18 @@ def conv2d_tma_dw(
         ow = box % boxes_w * BOX_W
         dy_tile = tl.reshape(dy_boxes.load([b, oh, ow, c_out_first]), [BOX, BLOCK_M])
         updated = ()
+        updated_cross = ()
         for t in tl.static_range(ROW_TAPS):
             x_box = x_boxes[t].load([b, oh - row_first, ow - col_firsts[t], c_in_first])
-            updated = updated + (conv_dot(tl.trans(dy_tile), tl.reshape(x_box, [BOX, BLOCK_N]), acc[t], TF32),)
+            dy_t, x_t = tl.trans(dy_tile), tl.reshape(x_box, [BOX, BLOCK_N])
+            if TF32:
+                acc_t, cross_t = bf16x3_dot(dy_t, x_t, acc[t], cross[t])
+            else:
+                acc_t, cross_t = conv_dot(dy_t, x_t, acc[t], False), cross[t]
+            updated = updated + (acc_t,)
+            updated_cross = updated_cross + (cross_t,)
         acc = updated
+        cross = updated_cross
         if HAS_BIAS:
             dbias += tl.sum(dy_tile.to(tl.float32), axis=0)
     row = partial_row(partial, split, C_OUT * C_IN * taps, C_OUT, HAS_BIAS)
@@ -136,7 +146,10 @@ def conv2d_tma_dw(
     ok = (c_out < C_OUT)[:, None] & (c_in < C_IN)[None, :]
     for t in tl.static_range(ROW_TAPS):  # tap-major: runs of BLOCK_N floats (dw's own order scatters them)
         plane = row + (tap_first + t) * (C_OUT * C_IN)
-        tl.store(plane + (c_out * C_IN)[:, None] + c_in[None, :], acc[t], mask=ok)
+        total = acc[t]
+        if TF32:
+            total = bf16x3_total(acc[t], cross[t], x.dtype.element_ty)
+        tl.store(plane + (c_out * C_IN)[:, None] + c_in[None, :], total, mask=ok)
     if HAS_BIAS:
         if (tap_first == 0) & (tile_n == 0):
             tl.store(row + C_OUT * C_IN * taps + c_out, dbias, mask=c_out < C_OUT)
@@ -144,7 +157,7 @@ def conv2d_tma_dw(
 
 Conv2dTmaDw = kernel_object(
     conv2d_tma_dw,
-    helpers=(_tap_window, zero_tiles, conv_dot, *PARTIAL_ROW_HELPERS),
+    helpers=(_tap_window, zero_tiles, conv_dot, *BF16X3_HELPERS, *PARTIAL_ROW_HELPERS),
     example=(3, 3, 1, 1, 1, 1, 1, 1, False, False, 3, 64, 64, 8, 8),
     entry=conv2d_tma_dw_entry,
     pointer_dtypes={"partial": torch.float32},
