@@ -402,17 +402,21 @@ def tma_dw_candidates(c_out: int, c_in: int, kh: int, kw: int, batch: int, rows:
     3x3 layers, B32, 2026-12-01; BENCHMARKS.md, sixth session): 128 x 64 tiles of one tap with 3
     programs per SM first (256 and 512 channels: 37 and 43 µs in bf16, 100 and 139 in fp32), then
     rows of taps on 64 x 64 tiles (64 channels: 27 µs in bf16 against 43 for single taps), then
-    128 x 128."""
+    128 x 128. fp32 with TF32, now three bf16 products (`ops/tensor_core.py`), ran fastest (H200,
+    2026-12-01, every candidate) on rows of taps over 64 x 64 tiles at 2 programs per SM (64@56: 86 µs),
+    on 128 x 128 tiles (128@28 and 256@14: 84 and 96 µs) and on 128 x 64 tiles at 6 per SM (512@7: 119
+    µs; 256@14: 97), so its order starts with those three."""
     if INTERPRETED:
         return [Config(_clamp_pow2(c_out, 16, 64), _clamp_pow2(c_in, 16, 64), 64, 4, 1, 1, kw)]
     block_k = 64 if dtype != torch.float32 else 32
     box_h, box_w = tma_box(rows, cols, block_k)
     boxes = batch * -(-rows // box_h) * -(-cols // box_w)
+    order = [(128, 64, 8, 3, 1, 3), (64, 64, 4, 3, kw, 2), (128, 128, 8, 3, 1, 1), (128, 64, 8, 3, 1, 6),
+             (64, 64, 4, 3, kw, 3), (64, 64, 8, 3, 1, 4)]
+    if dtype == torch.float32:
+        order = [order[1], order[2], order[3], order[4], order[0], order[5]]
     configs = []
-    for block_m, block_n, warps, stages, taps, per_sm in (
-        (128, 64, 8, 3, 1, 3), (64, 64, 4, 3, kw, 2), (128, 128, 8, 3, 1, 1), (128, 64, 8, 3, 1, 6),
-        (64, 64, 4, 3, kw, 3), (64, 64, 8, 3, 1, 4),
-    ):
+    for block_m, block_n, warps, stages, taps, per_sm in order:
         block_m, block_n = _clamp_pow2(c_out, 16, block_m), _clamp_pow2(c_in, 16, block_n)
         tiles = -(-c_out // block_m) * -(-c_in // block_n) * (kh * kw // taps)
         split = max(1, min(boxes, per_sm * _num_sms() // tiles))
@@ -441,9 +445,11 @@ def pointwise_candidates(c_out: int, c_in: int, pixels: int, dtype: torch.dtype)
     tile's pixels are one image's, so planes under 128 pixels get rows of their own size (ResNet-50's
     7x7 layers ran at 0.43x cuDNN's speed on the H200 with 128-pixel rows, 49 of them used), and
     wider channel tiles instead of the 256-pixel rows. For
-    fp32 also num_stages=1: the pixel-contiguous x tile is the wrong major-ness for TF32 tensor
-    cores, so pipelined copies go 4 bytes at a time (as in the channels-last dw, where the
-    unpipelined variant measured 1.2x to 1.6x faster). The interpreter gets one program per image."""
+    fp32 also num_stages=1, which ran fastest when the pixel-contiguous x tile went to TF32 tensor
+    cores in 4-byte copies. With TF32, now three bf16 products from 16-byte copies, 64-channel tiles
+    4 stages deep ran fastest on the H200 (B32 @56: 256->64 52.2 µs, 53.5 at 3 stages, 68.1 unpipelined;
+    64->256 77.1, 80.5 on the 128-channel tile): fp32 tries those first. The interpreter gets one
+    program per image."""
     if INTERPRETED:
         return [Config(_clamp_pow2(c_out, 16, 128), _clamp_pow2(pixels, 16, 4096), _clamp_pow2(c_in, 16, 128), 4, 1)]
     block_m = _clamp_pow2(c_out, 16, 128)
@@ -455,6 +461,7 @@ def pointwise_candidates(c_out: int, c_in: int, pixels: int, dtype: torch.dtype)
     configs = [Config(block_m, row, block_k, warps, 3), wider, Config(_clamp_pow2(c_out, 16, 64), row, block_k, 4, 4)]
     if dtype == torch.float32:
         configs[1:1] = [Config(block_m, row, block_k, warps, 1), Config(_clamp_pow2(c_out, 16, 64), row, block_k, 4, 1)]
+        configs.insert(0, configs.pop())  # the 64-channel tile, 4 stages
     return list(dict.fromkeys(configs))
 
 
