@@ -6,7 +6,8 @@ compiled (the interpreter gets the heuristic, which there means few, large progr
 not switched off (`NNKERNELS_TUNE=off`), and the current CUDA stream is not capturing a graph
 (timing would break the capture). Choices are remembered in memory and in
 `$NNKERNELS_CACHE_DIR/tuning.json` (default `~/.cache/nnkernels/tuning.json`), keyed by the kind,
-the shape, the GPU and the Triton version, so each shape is tuned once per machine.
+the shape, the GPU, the Triton version and a hash of the library's kernel sources, so each shape is
+tuned once per machine and again after a kernel changes (a choice timed on older code is not reused).
 
 Cost bound: candidates are tried in order and no new one is started once 2 s have passed since
 tuning of the shape began, so a new shape costs at most about 2 s plus one compilation (Triton
@@ -15,6 +16,8 @@ keeps compiled kernels in its own disk cache, so a config compiles once per mach
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -96,11 +99,23 @@ def _save(full_key: str, config: Config):
         _log.warning("tuning: could not write %s (%s); the choice is kept for this process only", path, error)
 
 
+@functools.cache
+def kernels_fingerprint() -> str:
+    """12 hex digits of a hash over the sources of the library's kernels (helpers included)."""
+    from .kernel import catalogue
+
+    digest = hashlib.sha256()
+    for cls in catalogue():
+        if cls.__module__.startswith("nnkernels."):
+            digest.update(cls._kernel_source.encode())
+    return digest.hexdigest()[:12]
+
+
 def _full_key(kind: str, key) -> str:
     import triton
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return f"{kind}|{key}|{device}|triton {triton.__version__}"
+    return f"{kind}|{key}|{device}|triton {triton.__version__}|kernels {kernels_fingerprint()}"
 
 
 def _time_ms(run, config) -> float:

@@ -207,6 +207,30 @@ def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     assert tuning.choose("conv", (9,), candidates, ran.append) == candidates[0] and not ran
 
 
+def test_a_remembered_choice_holds_only_for_the_kernel_sources_it_timed(monkeypatch):
+    """A kernel whose source changes (a library upgrade) gets its shapes tuned again: the key of a
+    remembered choice changes with any kernel's source, and only with the library's kernels."""
+    from nnkernels import kernel
+    from nnkernels.ops.conv2d_pointwise import Conv2dPointwise
+
+    def key():
+        tuning.kernels_fingerprint.cache_clear()
+        return tuning._full_key("conv2d_pointwise", (1, 2))
+
+    try:
+        before = key()
+        assert key() == before
+        monkeypatch.setattr(Conv2dPointwise, "_kernel_source", Conv2dPointwise._kernel_source + "\n# changed")
+        assert key() != before
+        monkeypatch.undo()
+        assert key() == before
+        user_kernel = type("UserKernel", (), {"__module__": "user_code", "_kernel_source": "# a user's kernel"})
+        monkeypatch.setitem(kernel._CATALOGUE, "UserKernel", user_kernel)
+        assert key() == before
+    finally:
+        tuning.kernels_fingerprint.cache_clear()
+
+
 @gpu
 def test_tuning_times_the_gpu_not_the_launch():
     """A config that takes 2 ms of Python to launch a few-microsecond kernel times far below 2 ms:
