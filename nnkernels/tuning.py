@@ -420,7 +420,7 @@ def tma_dw_candidates(c_out: int, c_in: int, kh: int, kw: int, batch: int, rows:
     128 x 128. fp32 with TF32, now three bf16 products (`ops/tensor_core.py`), ran fastest (H200,
     2026-12-01, every candidate) on rows of taps over 64 x 64 tiles at 2 programs per SM (64@56: 86 µs),
     on 128 x 128 tiles (128@28 and 256@14: 84 and 96 µs) and on 128 x 64 tiles at 6 per SM (512@7: 119
-    µs; 256@14: 97), so its order starts with those three."""
+    µs; 256@14: 97), so its order starts with those three (fp32 with TF32 off too, not timed so)."""
     if INTERPRETED:
         return [Config(_clamp_pow2(c_out, 16, 64), _clamp_pow2(c_in, 16, 64), 64, 4, 1, 1, kw)]
     block_k = 64 if dtype != torch.float32 else 32
