@@ -1,4 +1,4 @@
-"""The convolution kernels' one matrix product, and how fp32 goes through tensor cores.
+"""The convolution kernels' matrix products, and how fp32 goes through tensor cores.
 
 fp32 with TF32 allowed (`torch.backends.cudnn.allow_tf32`, PyTorch's default) multiplies in TF32
 (10-bit mantissas), as cuDNN does. With TF32 off, PyTorch promises full fp32 accuracy; the
