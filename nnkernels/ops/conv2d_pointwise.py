@@ -1,5 +1,6 @@
 """1x1 convolution (stride 1, no padding, one group) as a batched matrix product on NCHW:
-`Conv2dPointwise` (forward, and dx with the transposed weight) and `Conv2dPointwiseDw`.
+`Conv2dPointwise` (forward, and dx with the transposed weight), `Conv2dPointwiseFp32Out` (the same
+product kept in fp32) and `Conv2dPointwiseDw`.
 
 For one image, x[b] is a row-major [C_IN, HW] matrix and y[b] = w @ x[b] with w [C_OUT, C_IN].
 Every tile load is a run of consecutive pixels of one channel, so the loads are wide and the
@@ -18,35 +19,28 @@ from .host_math import cdiv
 from .tensor_core import BF16X3_HELPERS, bf16x3_dot, bf16x3_total, conv_dot
 
 
-def conv2d_pointwise_entry(k, a):
-    """Grid (B * cdiv(HW, block_n), cdiv(C_OUT, block_m)) for `Conv2dPointwise`."""
+def conv2d_pointwise_fp32_out_entry(k, a):
+    """Grid (B * cdiv(HW, block_n), cdiv(C_OUT, block_m)) for `Conv2dPointwiseFp32Out`."""
     check_numel("x", a.x, a.B * a.C_IN * a.HW, "B*C_IN*HW")
     check_numel("w", a.w, a.C_OUT * a.C_IN, "C_OUT*C_IN")
     check_numel("y", a.y, a.B * a.C_OUT * a.HW, "B*C_OUT*HW")
-    if k.has_bias:
-        check_numel("bias", a.bias, a.C_OUT, "C_OUT")
     return check_grid_3d(a.B * cdiv(a.HW, k.block_n), cdiv(a.C_OUT, k.block_m), 1)
 
 
+def conv2d_pointwise_entry(k, a):
+    """Grid (B * cdiv(HW, block_n), cdiv(C_OUT, block_m)) for `Conv2dPointwise`."""
+    if k.has_bias:
+        check_numel("bias", a.bias, a.C_OUT, "C_OUT")
+    return conv2d_pointwise_fp32_out_entry(k, a)
+
+
 @triton.jit
-def conv2d_pointwise(
+def pointwise_product(
     x, w, bias, y, B, C_IN, C_OUT, HW,
     HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """1x1 convolution, stride 1, no padding, one group: y[b] = w @ x[b] (+ bias).
-
-    Grid: (B * cdiv(HW, BLOCK_N), cdiv(C_OUT, BLOCK_M)); the batch shares axis 0 with the pixel tiles
-    because axes 1 and 2 stop at 65535. Program (b * cdiv(HW, BLOCK_N) + pn, pm) writes y[b, c_out, p]
-    for the BLOCK_M channels c_out of tile pm and the BLOCK_N pixels p of tile pn:
-        y[b, c_out, p] = bias[c_out] + sum over c_in of w[c_out, c_in] * x[b, c_in, p],
-    the sum over C_IN in BLOCK_K slices, accumulated in fp32, y rounded once: on bf16 tensor cores,
-    fp32 as `bf16x3_dot` when TF32 (the x tile runs along pixels, not the reduced channels, which
-    TF32 tensor cores cannot read as it is); fp32 otherwise in FMA products, not `conv_dot`'s tf32x3
-    (on the H200, B32 256->64 @56 took 99 µs with FMA products and 180 µs with tf32x3; 64->256, 107
-    and 142). Every element of y is written; bias is read only when HAS_BIAS.
-    Called with w transposed ([C_IN, C_OUT] of the forward) and dy for x, it computes dx.
-    """
+    """The body of `conv2d_pointwise` (see there), y stored in its own element type."""
     pixel_tiles = tl.cdiv(HW, BLOCK_N)
     b = tl.program_id(0) // pixel_tiles
     pid_n = tl.program_id(0) % pixel_tiles
@@ -79,12 +73,58 @@ def conv2d_pointwise(
     tl.store(y_tile_ptr, acc.to(y.dtype.element_ty), mask=c_out_ok[:, None] & pixel_ok[None, :])
 
 
+@triton.jit
+def conv2d_pointwise(
+    x, w, bias, y, B, C_IN, C_OUT, HW,
+    HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """1x1 convolution, stride 1, no padding, one group: y[b] = w @ x[b] (+ bias).
+
+    Grid: (B * cdiv(HW, BLOCK_N), cdiv(C_OUT, BLOCK_M)); the batch shares axis 0 with the pixel tiles
+    because axes 1 and 2 stop at 65535. Program (b * cdiv(HW, BLOCK_N) + pn, pm) writes y[b, c_out, p]
+    for the BLOCK_M channels c_out of tile pm and the BLOCK_N pixels p of tile pn:
+        y[b, c_out, p] = bias[c_out] + sum over c_in of w[c_out, c_in] * x[b, c_in, p],
+    the sum over C_IN in BLOCK_K slices, accumulated in fp32, y rounded once: on bf16 tensor cores,
+    fp32 as `bf16x3_dot` when TF32 (the x tile runs along pixels, not the reduced channels, which
+    TF32 tensor cores cannot read as it is); fp32 otherwise in FMA products, not `conv_dot`'s tf32x3
+    (on the H200, B32 256->64 @56 took 99 µs with FMA products and 180 µs with tf32x3; 64->256, 107
+    and 142). Every element of y is written; bias is read only when HAS_BIAS.
+    Called with w transposed ([C_IN, C_OUT] of the forward) and dy for x, it computes dx.
+    """
+    pointwise_product(x, w, bias, y, B, C_IN, C_OUT, HW, HAS_BIAS, TF32, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def conv2d_pointwise_fp32_out(
+    x, w, y, B, C_IN, C_OUT, HW,
+    TF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """`conv2d_pointwise` without bias, y in fp32 whatever x's type: y[b] = w @ x[b], not rounded to x's type.
+
+    Grid, programs and products as conv2d_pointwise's. nnkernels.conv2d's dx of a convolution with few
+    input channels runs it on dy with w^T ([C_IN*KH*KW, C_OUT]) for the columns that `Fold2d` sums, so
+    that dx is rounded once.
+    """
+    pointwise_product(x, w, y, y, B, C_IN, C_OUT, HW, False, TF32, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
 Conv2dPointwise = kernel_object(
     conv2d_pointwise,
-    helpers=BF16X3_HELPERS,
+    helpers=(pointwise_product, *BF16X3_HELPERS),
     example=(False, True, 64, 128, 32),
     entry=conv2d_pointwise_entry,
     flags=("HAS_BIAS", "TF32"),
+    num_warps=4,
+    num_stages=3,
+)
+Conv2dPointwiseFp32Out = kernel_object(
+    conv2d_pointwise_fp32_out,
+    helpers=(pointwise_product, *BF16X3_HELPERS),
+    example=(True, 64, 128, 32),
+    entry=conv2d_pointwise_fp32_out_entry,
+    pointer_dtypes={"y": torch.float32},
+    flags=("TF32",),
     num_warps=4,
     num_stages=3,
 )
