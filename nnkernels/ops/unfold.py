@@ -1,0 +1,161 @@
+"""A convolution's input taps laid out as planes, and their adjoint: `Unfold2d` (im2col) and `Fold2d`.
+
+With few input channels (the 3-channel RGB stem) the implicit-GEMM kernels' reduced or output
+channel tile is mostly padding, and their dx gathers every tap's dy tile for 3 useful products:
+on the H200 the stem's (B32 3->64 7x7 s2 @224) dx took 403 µs in bf16 and its dw 215 µs. Unfolded,
+the convolution is a 1x1 product over R = C_IN*KH*KW rows:
+    forward:  y[b] = w[C_OUT, R] @ unfold(x)[b]
+    dw:       dw[C_OUT, R] = sum over b of dy[b] @ unfold(x)[b]^T
+    dx:       dx = fold(w^T @ dy[b]),
+where unfold(x)[b, (c, kh, kw), oh, ow] = x[b, c, oh*S_H - P_H + kh*D_H, ow*S_W - P_W + kw*D_W]
+(0 outside the image) and fold is its adjoint: each input pixel sums the columns of the taps
+that read it. The products run on the 1x1 kernels of conv2d_pointwise.py; dx's columns are fp32,
+so the sums round once. nnkernels.conv2d runs the stem's backward this way (B32 bf16 on the H200:
+655 -> 326 µs); its forward stays on the implicit GEMM, which was faster.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..kernel import INTERPRETED, kernel_object
+from .checks import check_numel, check_output_size
+from .conv2d_gemm_forward import check_grid_3d
+from .host_math import cdiv, next_power_of_2
+
+# Elements per program compiled: 2048 per tap (unfold: copies, KW taps of a row) and 1024 (fold: fp32 sums
+# of up to KH*KW loads; on the H200 the stem's fold took 128 µs in 2048-element tiles, 1.27 waves of
+# programs, 77 µs in these), 16 and 8 per thread at 4 warps. The interpreter, whose cost is per program
+# and per operation, takes 2**16.
+UNFOLD_TILE_ELEMENTS = 2**16 if INTERPRETED else 2048
+FOLD_TILE_ELEMENTS = 2**16 if INTERPRETED else 1024
+
+
+def _plane_tile(rows, cols, elements):
+    """(rows, cols) of a tile of `elements` over a rows x cols plane: whole rows where they fit, as many
+    rows as fill it, at most the plane's."""
+    block_cols = min(next_power_of_2(cols), elements)
+    return min(elements // block_cols, next_power_of_2(rows)), block_cols
+
+
+def unfold_tiles(out_height, out_width):
+    """(BLOCK_OH, BLOCK_OW) of an `Unfold2d` launch."""
+    return _plane_tile(out_height, out_width, UNFOLD_TILE_ELEMENTS)
+
+
+def fold_tiles(height, width, stride):
+    """(BLOCK_I, BLOCK_J) of a `Fold2d` launch: tiles of a stride phase's cdiv(H, S_H) x cdiv(W, S_W) plane."""
+    return _plane_tile(cdiv(height, stride[0]), cdiv(width, stride[1]), FOLD_TILE_ELEMENTS)
+
+
+def _check_sizes(k, a):
+    check_output_size("OH", a.OH, a.H, k.dil_h * (k.kh - 1) + 1, k.stride_h, k.pad_h, "H", "DIL_H*(KH-1)+1",
+                      "STRIDE_H", "PAD_H")
+    check_output_size("OW", a.OW, a.W, k.dil_w * (k.kw - 1) + 1, k.stride_w, k.pad_w, "W", "DIL_W*(KW-1)+1",
+                      "STRIDE_W", "PAD_W")
+    check_numel("x", a.x, a.PLANES * a.H * a.W, "PLANES*H*W")
+    check_numel("columns", a.columns, a.PLANES * k.kh * k.kw * a.OH * a.OW, "PLANES*KH*KW*OH*OW")
+    if a.PLANES * k.kh * k.kw >= 2**31 or a.H * a.W >= 2**31:
+        raise ValueError("PLANES: PLANES*KH*KW rows and one H*W plane must each hold fewer than 2**31 elements")
+
+
+def unfold2d_entry(k, a):
+    """Grid (PLANES*KH, cdiv(OH, BLOCK_OH), cdiv(OW, BLOCK_OW)) for `Unfold2d`."""
+    _check_sizes(k, a)
+    return check_grid_3d(a.PLANES * k.kh, cdiv(a.OH, k.block_oh), cdiv(a.OW, k.block_ow))
+
+
+def fold2d_entry(k, a):
+    """Grid (PLANES*STRIDE_H*STRIDE_W, cdiv(cdiv(H, STRIDE_H), BLOCK_I), cdiv(cdiv(W, STRIDE_W), BLOCK_J))
+    for `Fold2d`."""
+    _check_sizes(k, a)
+    return check_grid_3d(a.PLANES * k.stride_h * k.stride_w, cdiv(cdiv(a.H, k.stride_h), k.block_i),
+                         cdiv(cdiv(a.W, k.stride_w), k.block_j))
+
+
+@triton.jit
+def unfold2d(
+    x, columns, PLANES, H, W, OH, OW,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+    BLOCK_OH: tl.constexpr, BLOCK_OW: tl.constexpr,
+):
+    """im2col of PLANES = B*C planes: row r = plane*KH*KW + kh*KW + kw of `columns` is tap (kh, kw) of plane.
+
+    Grid: (PLANES*KH, cdiv(OH, BLOCK_OH), cdiv(OW, BLOCK_OW)). Program (plane*KH + kh, i, j) writes, for
+    every kw and the output pixels (oh, ow) of its BLOCK_OH x BLOCK_OW tile inside OH x OW,
+        columns[plane*KH*KW + kh*KW + kw, oh, ow]
+            = x[plane, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W],
+    0 where that pixel lies in the padding. The KW taps of a row read the same x rows, from L1 after the
+    first. With STRIDE_W = 2 each tap loads the window of 2*BLOCK_OW consecutive pixels and keeps the
+    even ones (`tl.split`): on the H200 element loads 2 apart wrote the stem's bf16 columns at 0.5 TB/s,
+    this kernel at 2.2 TB/s (50 µs). Every element of `columns` is written, bit for bit.
+    """
+    plane = tl.program_id(0) // KH
+    kh = tl.program_id(0) % KH
+    oh = tl.program_id(1) * BLOCK_OH + tl.arange(0, BLOCK_OH)
+    ow = tl.program_id(2) * BLOCK_OW + tl.arange(0, BLOCK_OW)
+    ih = oh * STRIDE_H - PAD_H + kh * DIL_H
+    x_rows = x + plane.to(tl.int64) * H * W + ih[:, None] * W
+    rows_ok = ((oh < OH) & (ih >= 0) & (ih < H))[:, None]
+    first_row = (plane * KH + kh) * KW
+    inside = (oh < OH)[:, None] & (ow < OW)[None, :]
+    for kw in tl.static_range(KW):
+        if STRIDE_W == 2:
+            iw = tl.program_id(2) * BLOCK_OW * 2 - PAD_W + kw * DIL_W + tl.arange(0, BLOCK_OW * 2)
+            window = tl.load(x_rows + iw[None, :], mask=rows_ok & ((iw >= 0) & (iw < W))[None, :], other=0.0)
+            values, _ = tl.split(tl.reshape(window, [BLOCK_OH, BLOCK_OW, 2]))
+        else:
+            iw = ow * STRIDE_W - PAD_W + kw * DIL_W
+            values = tl.load(x_rows + iw[None, :], mask=rows_ok & ((iw >= 0) & (iw < W))[None, :], other=0.0)
+        tl.store(columns + (first_row + kw).to(tl.int64) * OH * OW + oh[:, None] * OW + ow[None, :], values,
+                 mask=inside)
+
+
+@triton.jit
+def fold2d(
+    columns, x, PLANES, H, W, OH, OW,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+    BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr,
+):
+    """The adjoint of unfold2d (col2im): x[plane, ih, iw] = sum over the taps (kh, kw) and output pixels
+    (oh, ow) with ih = oh*STRIDE_H - PAD_H + kh*DIL_H and iw = ow*STRIDE_W - PAD_W + kw*DIL_W of
+    columns[plane*KH*KW + kh*KW + kw, oh, ow]; 0 where no tap reads the pixel. `columns` is fp32.
+
+    Grid: (PLANES*STRIDE_H*STRIDE_W, cdiv(cdiv(H, STRIDE_H), BLOCK_I), cdiv(cdiv(W, STRIDE_W), BLOCK_J)).
+    Program (plane*STRIDE_H*STRIDE_W + ph*STRIDE_W + pw, ti, tj) writes x[plane, ph + STRIDE_H*i,
+    pw + STRIDE_W*j] for the BLOCK_I x BLOCK_J pixels (i, j) of its tile of the stride phase (ph, pw).
+    In one phase a tap reads a fixed shift of the output pixels or none (the same for the whole
+    program), so each of its loads is a run of consecutive columns. Sums in fp32 in the order of
+    the taps, rounded once; every element of x is written once, each column read once.
+    """
+    phase = tl.program_id(0) % (STRIDE_H * STRIDE_W)
+    plane = tl.program_id(0) // (STRIDE_H * STRIDE_W)
+    ph = phase // STRIDE_W
+    pw = phase % STRIDE_W
+    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    j = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
+    plane_columns = columns + plane.to(tl.int64) * (KH * KW) * OH * OW
+    total = tl.zeros([BLOCK_I, BLOCK_J], dtype=tl.float32)
+    for kh in tl.static_range(KH):
+        rise_h = ph + PAD_H - kh * DIL_H  # oh*STRIDE_H - STRIDE_H*i for this tap, where it divides
+        if rise_h % STRIDE_H == 0:
+            oh = i + rise_h // STRIDE_H
+            oh_ok = (oh >= 0) & (oh < OH)
+            for kw in tl.static_range(KW):
+                rise_w = pw + PAD_W - kw * DIL_W
+                if rise_w % STRIDE_W == 0:
+                    ow = j + rise_w // STRIDE_W
+                    tap = plane_columns + (kh * KW + kw) * OH * OW
+                    total += tl.load(tap + oh[:, None] * OW + ow[None, :],
+                                     mask=oh_ok[:, None] & ((ow >= 0) & (ow < OW))[None, :], other=0.0)
+    ih = ph + STRIDE_H * i
+    iw = pw + STRIDE_W * j
+    tl.store(x + plane.to(tl.int64) * H * W + ih[:, None] * W + iw[None, :], total.to(x.dtype.element_ty),
+             mask=(ih < H)[:, None] & (iw < W)[None, :])
+
+
+Unfold2d = kernel_object(unfold2d, example=(7, 7, 2, 2, 3, 3, 1, 1, 32, 128), entry=unfold2d_entry,
+                         nonnegative=("PAD_H", "PAD_W"), num_warps=4)
+Fold2d = kernel_object(fold2d, example=(7, 7, 2, 2, 3, 3, 1, 1, 16, 128), entry=fold2d_entry,
+                       pointer_dtypes={"columns": torch.float32}, nonnegative=("PAD_H", "PAD_W"), num_warps=4)
