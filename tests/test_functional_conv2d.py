@@ -152,23 +152,29 @@ def test_bad_input_names_the_argument(make, error, match):
 def test_kernels_for_names_the_choice():
     depthwise = kernels_for((2, 8, 6, 6), (8, 1, 3, 3), groups=8)
     assert depthwise[0].startswith("conv2d_depthwise_forward") and depthwise[2].startswith("conv2d_depthwise_dw")
-    gemm = kernels_for((2, 8, 6, 6), (16, 8, 3, 3), padding=1, bias=True, dtype=torch.bfloat16)
-    # 8 input channels: forward and dw on NCHW; 16 output channels: dx from a channels-last dy.
+    gemm = kernels_for((2, 24, 6, 6), (16, 24, 3, 3), padding=1, bias=True, dtype=torch.bfloat16)
+    # 24 input channels: forward and dw on NCHW; 16 output channels: dx from a channels-last dy.
     assert [k.split("__")[0] for k in gemm] == ["conv2d_gemm_forward", "conv2d_gemm_cl_dx", "conv2d_gemm_dw",
                                                "conv2d_dw_reduce"]
     assert all("__bf16__" in k for k in gemm)
+    # At most 4 input channels and 32x32 outputs or more (the RGB stem), the backward: 1x1 products of the
+    # unfolded input, dx folded from fp32 columns; the 6x6 planes above keep the implicit GEMM.
+    unfolded = kernels_for((2, 3, 64, 64), (16, 3, 7, 7), stride=2, padding=3)
+    assert [k.split("__")[0] for k in unfolded] == ["conv2d_gemm_forward", "conv2d_pointwise_fp32_out", "fold2d",
+                                                   "unfold2d", "conv2d_pointwise_dw", "conv2d_dw_reduce"]
     # Stride 1 and channels multiples of 16: dx is the forward kernel run on dy with the flipped weight,
     # unless the padding reaches past the kernel (then no forward convolution is dx).
     forward_as_dx = kernels_for((2, 16, 6, 6), (32, 16, 3, 3), padding=1)
     assert [k.split("__")[0] for k in forward_as_dx[:2]] == ["conv2d_gemm_cl_forward"] * 2
     assert kernels_for((2, 16, 6, 6), (32, 16, 3, 3), padding=3)[1].startswith("conv2d_gemm_cl_dx")
-    assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm}
+    assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm + unfolded}
 
 
 @pytest.mark.parametrize("x_shape, w_shape, options", [
     ((2, 16, 6, 6), (16, 16, 3, 3), dict(padding=1, bias=True)),  # channels-last forward and dx, TMA-box dw
     ((2, 16, 7, 7), (32, 16, 3, 3), dict(stride=2, padding=1)),  # strided: the channels-last dw
     ((2, 8, 6, 6), (12, 8, 3, 3), dict(padding=1)),  # NCHW kernels
+    ((1, 3, 64, 64), (8, 3, 7, 7), dict(stride=2, padding=3, bias=True)),  # the unfolded input's 1x1 products
     ((2, 16, 5, 5), (24, 16, 1, 1), dict(bias=True)),  # 1x1 matrix products
     ((2, 8, 6, 6), (8, 1, 3, 3), dict(padding=1, groups=8)),  # depthwise
 ])
@@ -182,7 +188,8 @@ def test_precompile_launches_the_kernels_the_op_picks(x_shape, w_shape, options,
     bias = options.pop("bias", False)
     with caplog.at_level("DEBUG", logger="nnkernels"):
         precompile(x, w, bias=bias, **options)
-    launched = {r.getMessage().split()[-1] for r in caplog.records if r.getMessage().startswith("conv2d launches")}
+    launched = {r.getMessage().split()[-1] for r in caplog.records
+                if r.getMessage().startswith(("conv2d launches", "unfold launches"))}
     assert launched == set(kernels_for(x_shape, w_shape, bias=bias, **options))
 
 def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):

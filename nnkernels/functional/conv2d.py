@@ -5,10 +5,13 @@ one opaque op each: `nnkernels::conv2d` (forward) and `nnkernels::conv2d_backwar
 dbias, each only when asked). Per shape the op picks its kernels from the catalogue: the
 direct depthwise kernels when groups == C_IN == C_OUT, a per-image matrix product for unpadded
 1x1 convolutions (of the subsampled input when strided), the implicit-GEMM tensor-core kernels
-otherwise: on channels-last copies (vector loads) when groups == 1 and the channel counts are
-multiples of 16 (for dx only C_OUT must be; a stride-1 dx is the forward kernel run on dy with
-the transposed weight, a strided one is written channels-last, then transposed; dw of stride 1
-from TMA boxes on Hopper and later), straight from NCHW else.
+otherwise, except for the backward of one-group convolutions with at most 4 input channels and large
+output planes (the RGB stem): 1x1 products of the unfolded input (im2col) for dw, and for dx 1x1
+products folded back from fp32 columns. The implicit-GEMM kernels run on channels-last copies
+(vector loads) when groups == 1 and the channel counts are multiples of 16 (for dx only C_OUT must
+be; a stride-1 dx is the forward kernel run on dy with the transposed weight, a strided one is
+written channels-last, then transposed; dw of stride 1 from TMA boxes on Hopper and later),
+straight from NCHW else.
 Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a call uses,
 and every launch is logged at DEBUG level on the "nnkernels" logger.
 """
@@ -29,16 +32,21 @@ from ..ops.conv2d_depthwise import (Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2d
 from ..ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw, dw_partial_size
 from ..ops.conv2d_gemm_dx import Conv2dGemmDx
 from ..ops.conv2d_gemm_forward import Conv2dGemmForward
-from ..ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw
+from ..ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw, Conv2dPointwiseFp32Out
 from ..ops.conv2d_tma_dw import Conv2dTmaDw
 from ..ops.layout import ChannelsLastCopy
 from ..ops.subsample import Subsample2dBackward, Subsample2dForward
+from ..ops.unfold import Fold2d, Unfold2d
 from .layout import channels_first, channels_last, subsample, subsample_backward
+from .unfold import fold_into, fold_kernel, unfold, unfold_kernel
 
 # The kernel classes this op launches (what `nnkernels list` shows against conv2d).
 KERNELS = (
     Conv2dPointwise,
     Conv2dPointwiseDw,
+    Conv2dPointwiseFp32Out,
+    Unfold2d,
+    Fold2d,
     Conv2dGemmClForward,
     Conv2dGemmClDx,
     Conv2dGemmClDw,
@@ -59,6 +67,15 @@ CHANNELS_LAST_MULTIPLE = 16
 INT32_LIMIT = 2**31
 # One launch indexes its pixels (b, oh, ow) and (b, ih, iw) in int32; larger batches go in slices.
 PIXEL_INDEX_LIMIT = 2**31
+# The unfolded path's columns are made and used in slices of the batch of at most this many bytes (at
+# least one image), which bounds its scratch memory. Slices small enough to be read back from L2 were
+# slower on the H200 (the stem's backward in bf16, B32: 805 µs in 8 MB slices, 535 in 32 MB, 466 whole).
+UNFOLD_SLICE_BYTES = 2**30
+# The unfolded backward is for few input channels and large planes (the RGB stem's 112x112 outputs). On the
+# H200 it beat the implicit GEMM with 3 and 4 input channels (3->64 7x7 s2 @224, 3->64 @32, 3->32 s2 @224,
+# 4->32 @112, bf16 and TF32); with 8 (8->32 @112), in TF32 it lost. Smaller planes keep the implicit GEMM.
+UNFOLD_MAX_CHANNELS = 4
+UNFOLD_MIN_PIXELS = 1024
 
 _log = logging.getLogger("nnkernels")
 
@@ -208,17 +225,24 @@ class _Problem:
         self.pointwise = (self.KH, self.KW, *padding) == (1, 1, 0, 0) and groups == 1
         self.stride = tuple(stride)
         self.subsampled = self.pointwise and self.stride != (1, 1)
+        # With few input channels the implicit GEMM's C_IN tile is mostly padding: the backward runs as
+        # 1x1 products over the C_IN*KH*KW rows of the unfolded input (see ops/unfold.py). The forward
+        # keeps the implicit GEMM, faster there on the H200 (stem, B32: bf16 163 µs against 335, TF32
+        # 150 against 406, full fp32 414 against 524).
+        self.unfolded = (groups == 1 and self.C_IN <= UNFOLD_MAX_CHANNELS and not self.pointwise
+                         and not self.depthwise and self.OH * self.OW >= UNFOLD_MIN_PIXELS)
+        self.columns = self.C_IN * self.KH * self.KW
         self.channels_last = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
                               and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
         # The forward's channels-last copy of x pays off over KH*KW taps; for a 1x1 convolution
         # the NCHW kernel measured faster on the H200 (bf16 0.23 vs 0.27 ms, TF32 0.18 vs 0.31 ms).
         self.forward_channels_last = self.channels_last and self.KH * self.KW > 1 and not self.pointwise
-        # dx's K slices run over C_OUT only, so any C_IN will do (the 3-channel stem's included).
+        # dx's K slices run over C_OUT only, so any C_IN will do.
         self.dx_channels_last = (groups == 1 and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0 and not self.pointwise
-                                 and not self.depthwise)
+                                 and not self.depthwise and not self.unfolded)
         # A strided dx kernel writes each phase's pixels, STRIDE_W apart: into NHWC, where a pixel's
-        # channels are one run, and transposed after (see `Conv2dGemmClDx`); 3 channels (the stem)
-        # would not make a run.
+        # channels are one run, and transposed after (see `Conv2dGemmClDx`); where C_IN is not a
+        # multiple of 16 they would not make whole runs.
         self.dx_nhwc = (self.dx_channels_last and self.stride != (1, 1)
                         and self.C_IN % CHANNELS_LAST_MULTIPLE == 0)
         self.flip_taps = flip_taps  # the weight's taps stored in reverse (`dx_forward`'s problems)
@@ -393,6 +417,33 @@ class _Problem:
     def pointwise_dw_candidates(self):
         return tuning.pointwise_dw_candidates(self.C_OUT, self.C_IN, self.OH * self.OW, self.B, self.dtype)
 
+    def unfold_slices(self, element_size):
+        """[first, end) slices of the batch whose columns ([n, C_IN*KH*KW, OH, OW]) take at most
+        UNFOLD_SLICE_BYTES, at least one image each."""
+        step = max(1, UNFOLD_SLICE_BYTES // (self.columns * self.OH * self.OW * element_size))
+        return [(first, min(first + step, self.B)) for first in range(0, self.B, step)]
+
+    def unfolded_dx_candidates(self):
+        return tuning.pointwise_candidates(self.columns, self.C_OUT, self.OH * self.OW, self.dtype)
+
+    def unfolded_dx_weight(self, weight):
+        """dx's columns weight: w as [C_OUT, C_IN*KH*KW], transposed (tiny)."""
+        return weight.reshape(self.C_OUT, self.columns).t().contiguous()
+
+    def unfolded_dx_kernel(self, config):
+        constants = (self.tf32, config.block_m, config.block_n, config.block_k)
+        return _kernel(Conv2dPointwiseFp32Out, constants, self.dtype, config.num_warps, config.num_stages)
+
+    def unfolded_dw_candidates(self):
+        smallest_slice = min(end - first for first, end in self.unfold_slices(self.dtype.itemsize))
+        return tuning.pointwise_dw_candidates(self.C_OUT, self.columns, self.OH * self.OW, smallest_slice, self.dtype)
+
+    def unfold_kernel(self):
+        return unfold_kernel(self.geometry, (self.OH, self.OW), self.dtype)
+
+    def fold_kernel(self):
+        return fold_kernel(self.geometry, self.H, self.W, self.dtype)
+
     def pointwise_dw_kernel(self, config, with_bias):
         constants = (with_bias, self.tf32, config.block_m, config.block_n, config.block_k)
         return _kernel(Conv2dPointwiseDw, constants, self.dtype, config.num_warps, config.num_stages)
@@ -440,7 +491,12 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
         kernels = _cl_forward_kernels(problem)
     else:
         kernels = [problem.forward_kernel(tuning.peek("conv2d_forward", problem.key, problem.forward_candidates()))]
-    if backward:
+    if backward and problem.unfolded:
+        dx_config = tuning.peek("conv2d_unfolded_dx", problem.key, problem.unfolded_dx_candidates())
+        dw_config = tuning.peek("conv2d_unfolded_dw", problem.key + (bias,), problem.unfolded_dw_candidates())
+        kernels += [problem.unfolded_dx_kernel(dx_config), problem.fold_kernel(), problem.unfold_kernel(),
+                    problem.pointwise_dw_kernel(dw_config, bias), problem.reduce_kernel(bias)]
+    elif backward:
         transposed = problem.dx_forward()
         if transposed is not None:
             kernels += _cl_forward_kernels(transposed)
@@ -502,6 +558,12 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
             _launch(p.forward_kernel(config), x, weight, bias_arg, y, *p.sizes)
     if not backward:
         return
+    if p.unfolded:  # the forward's output stands in for dy
+        dx, weight_t = torch.empty_like(x), p.unfolded_dx_weight(weight)
+        for config in pick(p.unfolded_dx_candidates()):
+            _unfolded_dx(p, config, y, weight_t, dx)
+        _dw_dbias(y, x, p, bias, pick=pick)
+        return
     # The forward's output stands in for dy.
     y_cl = channels_last(y) if p.channels_last or p.dx_channels_last else None
     dx = torch.empty_like(x)
@@ -532,6 +594,18 @@ def _cl_forward(problem, config, x_cl, w_cl, bias_arg, y):
     partial = torch.empty(config.split, y.numel(), dtype=torch.float32, device=y.device)
     _launch(kernel, x_cl, w_cl, bias_arg, y, partial, *problem.sizes)
     _launch(problem.split_sum_kernel(y.numel()), partial, y, y, config.split, y.numel(), problem.C_OUT)
+
+
+def _unfolded_dx(problem, config, grad_y, weight_t, dx):
+    """dx = fold(w^T @ dy[b]), the columns in fp32 (`Conv2dPointwiseFp32Out` with `config`), a slice of the
+    batch at a time."""
+    kernel = problem.unfolded_dx_kernel(config)
+    for first, end in problem.unfold_slices(4):
+        columns = torch.empty(end - first, problem.columns, problem.OH, problem.OW, dtype=torch.float32,
+                              device=dx.device)
+        _launch(kernel, grad_y[first:end], weight_t, columns, end - first, problem.C_OUT, problem.columns,
+                problem.OH * problem.OW)
+        fold_into(columns, dx[first:end], problem.geometry)
 
 
 def _forward(x, weight, bias, stride, padding, dilation, groups):
@@ -569,6 +643,14 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
 
 def _dx(grad_y, weight, problem, device, grad_y_cl=None):
     shape = (problem.B, problem.C_IN, problem.H, problem.W)
+    if problem.unfolded:
+        dx, weight_t = torch.empty(shape, dtype=problem.dtype, device=device), problem.unfolded_dx_weight(weight)
+
+        def run_unfolded(config):
+            _unfolded_dx(problem, config, grad_y, weight_t, dx)
+
+        run_unfolded(tuning.choose("conv2d_unfolded_dx", problem.key, problem.unfolded_dx_candidates(), run_unfolded))
+        return dx
     transposed = problem.dx_forward()
     if transposed is not None:
         dx = torch.empty(shape, dtype=problem.dtype, device=device)
@@ -626,13 +708,26 @@ def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None, pick=None):
         _launch(problem.reduce_kernel(with_bias), partial, dw, dbias if with_bias else dw, len(partial), dw.numel(),
                 problem.C_OUT)
         return dw, dbias
-    kind, candidates, make_kernel, inputs, sizes, taps = _split_dw_plan(problem, grad_y, grad_y_cl, x)
-    reduce = problem.reduce_kernel(with_bias, taps)
+    if problem.unfolded:
+        kind, candidates = "conv2d_unfolded_dw", problem.unfolded_dw_candidates()
+        slices, reduce = problem.unfold_slices(x.element_size()), problem.reduce_kernel(with_bias)
 
-    def run(config):
-        partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
-        _launch(make_kernel(config, with_bias), *inputs, partial, *sizes, config.split)
-        _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, dw.numel(), problem.C_OUT)
+        def run(config):  # each slice of the batch writes its own `split` partial rows
+            partial = torch.empty(len(slices) * config.split, row, dtype=torch.float32, device=x.device)
+            kernel = problem.pointwise_dw_kernel(config, with_bias)
+            for index, (first, end) in enumerate(slices):
+                columns = unfold(x[first:end], problem.geometry, (problem.OH, problem.OW))
+                _launch(kernel, grad_y[first:end], columns, partial[index * config.split:(index + 1) * config.split],
+                        end - first, problem.columns, problem.C_OUT, problem.OH * problem.OW, config.split)
+            _launch(reduce, partial, dw, dbias if with_bias else dw, len(partial), dw.numel(), problem.C_OUT)
+    else:
+        kind, candidates, make_kernel, inputs, sizes, taps = _split_dw_plan(problem, grad_y, grad_y_cl, x)
+        reduce = problem.reduce_kernel(with_bias, taps)
+
+        def run(config):
+            partial = torch.empty(config.split, row, dtype=torch.float32, device=x.device)
+            _launch(make_kernel(config, with_bias), *inputs, partial, *sizes, config.split)
+            _launch(reduce, partial, dw, dbias if with_bias else dw, config.split, dw.numel(), problem.C_OUT)
 
     if pick is None:
         run(tuning.choose(kind, problem.key + (with_bias,), candidates, run))
