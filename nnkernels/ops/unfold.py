@@ -54,8 +54,9 @@ def _check_sizes(k, a):
                       "STRIDE_W", "PAD_W")
     check_numel("x", a.x, a.PLANES * a.H * a.W, "PLANES*H*W")
     check_numel("columns", a.columns, a.PLANES * k.kh * k.kw * a.OH * a.OW, "PLANES*KH*KW*OH*OW")
-    if a.PLANES * k.kh * k.kw >= 2**31 or a.H * a.W >= 2**31:
-        raise ValueError("PLANES: PLANES*KH*KW rows and one H*W plane must each hold fewer than 2**31 elements")
+    if max(a.PLANES * k.kh * k.kw, a.H * a.W, k.kh * k.kw * a.OH * a.OW) >= 2**31:
+        raise ValueError("PLANES: PLANES*KH*KW rows, one H*W plane and one plane's KH*KW*OH*OW columns must each "
+                         "hold fewer than 2**31 elements")
 
 
 def unfold2d_entry(k, a):
