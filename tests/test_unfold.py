@@ -103,12 +103,10 @@ CONVOLUTIONS = [
 ]
 
 
-@pytest.mark.parametrize("tf32", [False, True], ids=["tf32-off", "tf32-on"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype, tf32", [(torch.float32, False), (torch.float32, True), (torch.float16, False),
+                                         (torch.bfloat16, False)], ids=["fp32", "fp32-tf32", "fp16", "bf16"])
 @pytest.mark.parametrize("case", CONVOLUTIONS)
 def test_conv2d_on_the_unfolded_path_matches_torch(case, dtype, tf32, monkeypatch):
-    if dtype != torch.float32 and tf32:
-        pytest.skip("TF32 applies to fp32 only")
     monkeypatch.setattr(conv_module, "UNFOLD_MIN_PIXELS", 1)  # small planes, the path of large ones
     B, C_IN, C_OUT, H, W, kernel, stride, padding, dilation, has_bias = case
     assert conv_module.kernels_for((B, C_IN, H, W), (C_OUT, C_IN, *kernel), stride, padding, dilation,

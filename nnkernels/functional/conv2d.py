@@ -231,7 +231,7 @@ class _Problem:
         # 150 against 406, full fp32 414 against 524).
         self.unfolded = (groups == 1 and self.C_IN <= UNFOLD_MAX_CHANNELS and not self.pointwise
                          and not self.depthwise and self.OH * self.OW >= UNFOLD_MIN_PIXELS)
-        self.columns = self.C_IN * self.KH * self.KW
+        self.unfolded_rows = self.C_IN * self.KH * self.KW
         self.channels_last = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
                               and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
         # The forward's channels-last copy of x pays off over KH*KW taps; for a 1x1 convolution
@@ -420,15 +420,15 @@ class _Problem:
     def unfold_slices(self, element_size):
         """[first, end) slices of the batch whose columns ([n, C_IN*KH*KW, OH, OW]) take at most
         UNFOLD_SLICE_BYTES, at least one image each."""
-        step = max(1, UNFOLD_SLICE_BYTES // (self.columns * self.OH * self.OW * element_size))
+        step = max(1, UNFOLD_SLICE_BYTES // (self.unfolded_rows * self.OH * self.OW * element_size))
         return [(first, min(first + step, self.B)) for first in range(0, self.B, step)]
 
     def unfolded_dx_candidates(self):
-        return tuning.pointwise_candidates(self.columns, self.C_OUT, self.OH * self.OW, self.dtype)
+        return tuning.pointwise_candidates(self.unfolded_rows, self.C_OUT, self.OH * self.OW, self.dtype)
 
     def unfolded_dx_weight(self, weight):
         """dx's columns weight: w as [C_OUT, C_IN*KH*KW], transposed (tiny)."""
-        return weight.reshape(self.C_OUT, self.columns).t().contiguous()
+        return weight.reshape(self.C_OUT, self.unfolded_rows).t().contiguous()
 
     def unfolded_dx_kernel(self, config):
         constants = (self.tf32, config.block_m, config.block_n, config.block_k)
@@ -436,7 +436,8 @@ class _Problem:
 
     def unfolded_dw_candidates(self):
         smallest_slice = min(end - first for first, end in self.unfold_slices(self.dtype.itemsize))
-        return tuning.pointwise_dw_candidates(self.C_OUT, self.columns, self.OH * self.OW, smallest_slice, self.dtype)
+        return tuning.pointwise_dw_candidates(self.C_OUT, self.unfolded_rows, self.OH * self.OW, smallest_slice,
+                                              self.dtype)
 
     def unfold_kernel(self):
         return unfold_kernel(self.geometry, (self.OH, self.OW), self.dtype)
@@ -601,9 +602,9 @@ def _unfolded_dx(problem, config, grad_y, weight_t, dx):
     batch at a time."""
     kernel = problem.unfolded_dx_kernel(config)
     for first, end in problem.unfold_slices(4):
-        columns = torch.empty(end - first, problem.columns, problem.OH, problem.OW, dtype=torch.float32,
+        columns = torch.empty(end - first, problem.unfolded_rows, problem.OH, problem.OW, dtype=torch.float32,
                               device=dx.device)
-        _launch(kernel, grad_y[first:end], weight_t, columns, end - first, problem.C_OUT, problem.columns,
+        _launch(kernel, grad_y[first:end], weight_t, columns, end - first, problem.C_OUT, problem.unfolded_rows,
                 problem.OH * problem.OW)
         fold_into(columns, dx[first:end], problem.geometry)
 
@@ -718,7 +719,7 @@ def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None, pick=None):
             for index, (first, end) in enumerate(slices):
                 columns = unfold(x[first:end], problem.geometry, (problem.OH, problem.OW))
                 _launch(kernel, grad_y[first:end], columns, partial[index * config.split:(index + 1) * config.split],
-                        end - first, problem.columns, problem.C_OUT, problem.OH * problem.OW, config.split)
+                        end - first, problem.unfolded_rows, problem.C_OUT, problem.OH * problem.OW, config.split)
             _launch(reduce, partial, dw, dbias if with_bias else dw, len(partial), dw.numel(), problem.C_OUT)
     else:
         kind, candidates, make_kernel, inputs, sizes, taps = _split_dw_plan(problem, grad_y, grad_y_cl, x)
