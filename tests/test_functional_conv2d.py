@@ -167,12 +167,20 @@ def test_kernels_for_names_the_choice():
     forward_as_dx = kernels_for((2, 16, 6, 6), (32, 16, 3, 3), padding=1)
     assert [k.split("__")[0] for k in forward_as_dx[:2]] == ["conv2d_gemm_cl_forward"] * 2
     assert kernels_for((2, 16, 6, 6), (32, 16, 3, 3), padding=3)[1].startswith("conv2d_gemm_cl_dx")
-    assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm + unfolded}
+    # fp32 at stride 1 on planes of at most 256 pixels: dw is one 1x1 product of the input and dy unfolded
+    # rows-outer; 16-bit types keep the TMA boxes' dw.
+    rows_outer = kernels_for((2, 16, 7, 7), (32, 16, 3, 3), padding=1)
+    assert [k.split("__")[0] for k in rows_outer[2:]] == ["unfold2d", "unfold2d", "conv2d_pointwise_dw",
+                                                         "conv2d_dw_reduce"]
+    assert kernels_for((2, 16, 7, 7), (32, 16, 3, 3), padding=1, dtype=torch.bfloat16)[2].startswith("conv2d_tma_dw")
+    assert kernels_for((2, 16, 17, 16), (32, 16, 3, 3), padding=1)[2].startswith("conv2d_tma_dw")  # 272 pixels
+    assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm + unfolded + rows_outer}
 
 
 @pytest.mark.parametrize("x_shape, w_shape, options", [
-    ((2, 16, 6, 6), (16, 16, 3, 3), dict(padding=1, bias=True)),  # channels-last forward and dx, TMA-box dw
+    ((2, 16, 6, 6), (16, 16, 3, 3), dict(padding=1, bias=True)),  # channels-last forward and dx, rows-outer dw
     ((2, 16, 7, 7), (32, 16, 3, 3), dict(stride=2, padding=1)),  # strided: the channels-last dw
+    ((2, 16, 17, 16), (16, 16, 3, 3), dict(padding=1, dtype=torch.bfloat16)),  # the TMA boxes' dw
     ((2, 8, 6, 6), (12, 8, 3, 3), dict(padding=1)),  # NCHW kernels
     ((1, 3, 64, 64), (8, 3, 7, 7), dict(stride=2, padding=3, bias=True)),  # the unfolded input's 1x1 products
     ((2, 16, 5, 5), (24, 16, 1, 1), dict(bias=True)),  # 1x1 matrix products
@@ -184,13 +192,14 @@ def test_precompile_launches_the_kernels_the_op_picks(x_shape, w_shape, options,
     interpreter's), that is exactly what `kernels_for` names."""
     from nnkernels.functional.conv2d import precompile
 
-    x, w = randn(*x_shape), randn(*w_shape)
+    dtype = options.pop("dtype", torch.float32)
+    x, w = randn(*x_shape, dtype=dtype), randn(*w_shape, dtype=dtype)
     bias = options.pop("bias", False)
     with caplog.at_level("DEBUG", logger="nnkernels"):
         precompile(x, w, bias=bias, **options)
     launched = {r.getMessage().split()[-1] for r in caplog.records
                 if r.getMessage().startswith(("conv2d launches", "unfold launches"))}
-    assert launched == set(kernels_for(x_shape, w_shape, bias=bias, **options))
+    assert launched == set(kernels_for(x_shape, w_shape, bias=bias, dtype=dtype, **options))
 
 def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     """`choose` on a fake timer: the fastest config wins, lands in the JSON file, and is reused."""

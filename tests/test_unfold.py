@@ -44,6 +44,8 @@ def test_unfold_equals_torch_and_fold_is_its_adjoint(shape, kernel, stride, padd
     reference = F.unfold(x.cpu(), kernel, dilation, padding, stride).reshape(columns.shape)
     bits = {torch.float32: torch.int32}.get(dtype, torch.int16)
     assert columns.dtype == dtype and torch.equal(columns.cpu().view(bits), reference.view(bits))
+    rows_outer = unfold(x, _geometry(kernel, stride, padding, dilation), out, rows_outer=True)
+    assert torch.equal(rows_outer.cpu().view(bits), reference.transpose(0, 1).contiguous().view(bits))
     x = x.nan_to_num(posinf=1.0, neginf=-1.0)
     grad = randn(*columns.shape)  # fp32 columns, as dx's
     dx = poisoned(*shape, dtype=dtype)
@@ -55,12 +57,15 @@ def test_unfold_equals_torch_and_fold_is_its_adjoint(shape, kernel, stride, padd
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_kernels_on_ragged_tiles_write_every_element(dtype):
-    """5x5 output planes and 5x5 phase planes in ragged 2 x 4 tiles, every output poisoned first."""
+    """5x5 output planes and 5x5 phase planes in ragged 2 x 4 tiles (the unfold's of 4 images, of which 2 exist),
+    every output poisoned first."""
     shape, geometry, out = (2, 3, 9, 10), (3, 3, 2, 2, 1, 1, 1, 1), (5, 5)
     x = randn(*shape, dtype=dtype)
-    columns = poisoned(2, 27, *out, dtype=dtype)
-    Unfold2d(*geometry, 2, 4, dtype=dtype).launch(x, columns, 6, 9, 10, *out)
-    assert torch.equal(columns.cpu(), F.unfold(x.double().cpu(), 3, 1, 1, 2).to(dtype).reshape(columns.shape))
+    reference = F.unfold(x.double().cpu(), 3, 1, 1, 2).to(dtype).reshape(2, 27, *out)
+    for rows_outer, expected in ((False, reference), (True, reference.transpose(0, 1))):
+        columns = poisoned(*expected.shape, dtype=dtype)
+        Unfold2d(*geometry, rows_outer, 4, 2, 4, dtype=dtype).launch(x, columns, 6, 3, 9, 10, *out)
+        assert torch.equal(columns.cpu(), expected)
     grad = randn(2, 27, *out)
     dx = poisoned(*shape, dtype=dtype)
     Fold2d(*geometry, 2, 4, dtype=dtype).launch(grad, dx, 6, 9, 10, *out)
@@ -70,11 +75,12 @@ def test_kernels_on_ragged_tiles_write_every_element(dtype):
 
 def test_launches_refuse_wrong_sizes_and_write_nothing():
     x, columns = randn(2, 3, 9, 10), poisoned(2, 27, 5, 5)
-    kernel = Unfold2d(3, 3, 2, 2, 1, 1, 1, 1, 2, 4)
+    kernel = Unfold2d(3, 3, 2, 2, 1, 1, 1, 1, False, 1, 2, 4)
     for args, message in [
-        ((x, columns, 6, 9, 10, 4, 5), r"^OH: expected \(H \+ 2\*PAD_H - DIL_H\*\(KH-1\)\+1\) // STRIDE_H \+ 1 = 5"),
-        ((x, poisoned(2, 27, 5, 4), 6, 9, 10, 5, 4), r"^OW: expected .* = 5, got 4"),
-        ((x, columns, 5, 9, 10, 5, 5), r"^x: expected PLANES\*H\*W = 450 elements, got 540"),
+        ((x, columns, 6, 3, 9, 10, 4, 5), r"^OH: expected \(H \+ 2\*PAD_H - DIL_H\*\(KH-1\)\+1\) // STRIDE_H \+ 1 = 5"),
+        ((x, poisoned(2, 27, 5, 4), 6, 3, 9, 10, 5, 4), r"^OW: expected .* = 5, got 4"),
+        ((x, columns, 5, 1, 9, 10, 5, 5), r"^x: expected PLANES\*H\*W = 450 elements, got 540"),
+        ((x, columns, 6, 4, 9, 10, 5, 5), r"^CHANNELS: expected a positive divisor of PLANES \(6\), got 4"),
     ]:
         with pytest.raises(ValueError, match=message):
             kernel.launch(*args)
@@ -147,3 +153,39 @@ def test_the_stem_takes_the_unfolded_path_on_the_gpu(dtype):
     for out, ref in [(y, y64), (x.grad, x64.grad), (w.grad, w64.grad)]:
         assert out.device.type == DEVICE
         assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "fp32-tf32"])
+@pytest.mark.parametrize("slice_bytes", [2**30, 1], ids=["one-slice", "a-slice-per-image"])
+def test_conv2d_rows_outer_dw_matches_torch(slice_bytes, tf32, monkeypatch):
+    """fp32 at stride 1 on a small plane: dw (and dbias) as one 1x1 product of the input and dy unfolded
+    rows-outer, in one slice of the batch or one per image, against float64."""
+    monkeypatch.setattr(conv_module, "UNFOLD_SLICE_BYTES", slice_bytes)
+    x = randn(3, 16, 5, 6).requires_grad_()
+    w = randn(32, 16, 3, 3).requires_grad_()
+    b = randn(32).requires_grad_()
+    assert conv_module.kernels_for(x.shape, w.shape, 1, (1, 2), bias=True)[3].startswith("unfold2d__fp32__1__1")
+    with torch.backends.cudnn.flags(allow_tf32=tf32):
+        y = conv_module.conv2d(x, w, b, 1, (1, 2))
+        dy = torch.randn_like(y)
+        y.backward(dy)
+    x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, b))
+    F.conv2d(x64, w64, b64, 1, (1, 2)).backward(dy.double().cpu())
+    tol = CONV_TF32_TOLERANCE if tf32 else TOLERANCE[torch.float32]
+    for out, ref in [(x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)]:
+        assert_close(out, ref, tol=tol)
+
+
+@gpu
+@pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "fp32-tf32"])
+def test_resnet_7x7_layer_takes_the_rows_outer_dw_on_the_gpu(tf32):
+    """ResNet-50's last 3x3 layer (512 channels on 7x7 planes), batch 4: dw against float64."""
+    assert conv_module.kernels_for((4, 512, 7, 7), (512, 512, 3, 3), 1, 1)[2].startswith("unfold2d")
+    x, w = randn(4, 512, 7, 7).requires_grad_(), randn(512, 512, 3, 3).requires_grad_()
+    with torch.backends.cudnn.flags(allow_tf32=tf32):
+        y = conv_module.conv2d(x, w, None, 1, 1)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    F.conv2d(x64, w64, None, 1, 1).backward(dy.double())
+    assert_close(w.grad, w64.grad, tol=CONV_TF32_TOLERANCE if tf32 else TOLERANCE[torch.float32])

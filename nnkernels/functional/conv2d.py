@@ -10,8 +10,8 @@ output planes (the RGB stem): 1x1 products of the unfolded input (im2col) for dw
 products folded back from fp32 columns. The implicit-GEMM kernels run on channels-last copies
 (vector loads) when groups == 1 and the channel counts are multiples of 16 (for dx only C_OUT must
 be; a stride-1 dx is the forward kernel run on dy with the transposed weight, a strided one is
-written channels-last, then transposed; dw of stride 1 from TMA boxes on Hopper and later),
-straight from NCHW else.
+written channels-last, then transposed; dw of stride 1 from TMA boxes on Hopper and later, but in fp32 on
+planes of at most 256 pixels as one 1x1 product of the input unfolded rows-outer), straight from NCHW else.
 Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a call uses,
 and every launch is logged at DEBUG level on the "nnkernels" logger.
 """
@@ -76,6 +76,13 @@ UNFOLD_SLICE_BYTES = 2**30
 # 4->32 @112, bf16 and TF32); with 8 (8->32 @112), in TF32 it lost. Smaller planes keep the implicit GEMM.
 UNFOLD_MAX_CHANNELS = 4
 UNFOLD_MIN_PIXELS = 1024
+# fp32 weight gradients of small planes are one 1x1 product over B*OH*OW pixels of rows-outer unfolded
+# columns. On the H200 (ResNet-50's 3x3 layers, B32) the backward against the TMA boxes' dw: 7x7 planes TF32
+# 192 -> 157 µs, full fp32 410 -> 337; 14x14 TF32 161 -> 152, full fp32 336 -> 325; on 28x28 planes the
+# unfold (43 µs) and the product (59) cost more than the TMA dw (108, TF32).
+UNFOLD_DW_MAX_PIXELS = 256
+# The unfold geometry that lays dy out rows-outer: a 1x1 window, stride 1, no padding.
+ROWS_OUTER_COPY = (1, 1, 1, 1, 0, 0, 1, 1)
 
 _log = logging.getLogger("nnkernels")
 
@@ -234,6 +241,12 @@ class _Problem:
         self.unfolded_rows = self.C_IN * self.KH * self.KW
         self.channels_last = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
                               and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
+        # The fp32 weight gradient of small planes, where the TMA dw would run (channels-last, stride 1), is one
+        # 1x1 product of the columns unfolded rows-outer ([C_IN*KH*KW, B, OH, OW]) and dy laid out the same way
+        # ([C_OUT, B, OH, OW]): a reduction over all B*OH*OW pixels in runs the tensor cores read directly.
+        self.rows_outer_dw = (dtype == torch.float32 and self.channels_last and not self.pointwise
+                              and self.stride == (1, 1) and self.OH * self.OW <= UNFOLD_DW_MAX_PIXELS)
+        self.unfolded_dw = self.unfolded or self.rows_outer_dw
         # The forward's channels-last copy of x pays off over KH*KW taps; for a 1x1 convolution
         # the NCHW kernel measured faster on the H200 (bf16 0.23 vs 0.27 ms, TF32 0.18 vs 0.31 ms).
         self.forward_channels_last = self.channels_last and self.KH * self.KW > 1 and not self.pointwise
@@ -436,11 +449,18 @@ class _Problem:
 
     def unfolded_dw_candidates(self):
         smallest_slice = min(end - first for first, end in self.unfold_slices(self.dtype.itemsize))
+        if self.rows_outer_dw:
+            return tuning.rows_outer_dw_candidates(self.C_OUT, self.unfolded_rows, smallest_slice * self.OH * self.OW,
+                                                   self.dtype)
         return tuning.pointwise_dw_candidates(self.C_OUT, self.unfolded_rows, self.OH * self.OW, smallest_slice,
                                               self.dtype)
 
     def unfold_kernel(self):
-        return unfold_kernel(self.geometry, (self.OH, self.OW), self.dtype)
+        return unfold_kernel(self.geometry, (self.OH, self.OW), self.dtype, self.rows_outer_dw)
+
+    def grad_rows_kernel(self):
+        """The unfold that lays dy out rows-outer for `rows_outer_dw`."""
+        return unfold_kernel(ROWS_OUTER_COPY, (self.OH, self.OW), self.dtype, True)
 
     def fold_kernel(self):
         return fold_kernel(self.geometry, self.H, self.W, self.dtype)
@@ -492,12 +512,12 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
         kernels = _cl_forward_kernels(problem)
     else:
         kernels = [problem.forward_kernel(tuning.peek("conv2d_forward", problem.key, problem.forward_candidates()))]
-    if backward and problem.unfolded:
+    if not backward:
+        return [k.id for k in kernels]
+    if problem.unfolded:
         dx_config = tuning.peek("conv2d_unfolded_dx", problem.key, problem.unfolded_dx_candidates())
-        dw_config = tuning.peek("conv2d_unfolded_dw", problem.key + (bias,), problem.unfolded_dw_candidates())
-        kernels += [problem.unfolded_dx_kernel(dx_config), problem.fold_kernel(), problem.unfold_kernel(),
-                    problem.pointwise_dw_kernel(dw_config, bias), problem.reduce_kernel(bias)]
-    elif backward:
+        kernels += [problem.unfolded_dx_kernel(dx_config), problem.fold_kernel()]
+    else:
         transposed = problem.dx_forward()
         if transposed is not None:
             kernels += _cl_forward_kernels(transposed)
@@ -506,6 +526,11 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
             kernels.append(problem.cl_dx_kernel(config))
         else:
             kernels.append(problem.dx_kernel(tuning.peek("conv2d_dx", problem.key, problem.dx_candidates())))
+    if problem.unfolded_dw:
+        dw_config = tuning.peek("conv2d_unfolded_dw", problem.key + (bias,), problem.unfolded_dw_candidates())
+        kernels += [problem.unfold_kernel(), *([problem.grad_rows_kernel()] if problem.rows_outer_dw else []),
+                    problem.pointwise_dw_kernel(dw_config, bias), problem.reduce_kernel(bias)]
+    else:
         tma_dw = problem.tma_dw(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         if tma_dw:
             config = tuning.peek("conv2d_tma_dw", problem.key + (bias,), problem.tma_dw_candidates())
@@ -709,17 +734,23 @@ def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None, pick=None):
         _launch(problem.reduce_kernel(with_bias), partial, dw, dbias if with_bias else dw, len(partial), dw.numel(),
                 problem.C_OUT)
         return dw, dbias
-    if problem.unfolded:
+    if problem.unfolded_dw:
         kind, candidates = "conv2d_unfolded_dw", problem.unfolded_dw_candidates()
         slices, reduce = problem.unfold_slices(x.element_size()), problem.reduce_kernel(with_bias)
+        out_size, plane, rows_outer = (problem.OH, problem.OW), problem.OH * problem.OW, problem.rows_outer_dw
 
         def run(config):  # each slice of the batch writes its own `split` partial rows
             partial = torch.empty(len(slices) * config.split, row, dtype=torch.float32, device=x.device)
             kernel = problem.pointwise_dw_kernel(config, with_bias)
             for index, (first, end) in enumerate(slices):
-                columns = unfold(x[first:end], problem.geometry, (problem.OH, problem.OW))
-                _launch(kernel, grad_y[first:end], columns, partial[index * config.split:(index + 1) * config.split],
-                        end - first, problem.unfolded_rows, problem.C_OUT, problem.OH * problem.OW, config.split)
+                columns = unfold(x[first:end], problem.geometry, out_size, rows_outer)
+                if rows_outer:  # the slice's pixels as one image's
+                    grad_rows, images, pixels = unfold(grad_y[first:end], ROWS_OUTER_COPY, out_size, True), 1, (
+                        end - first) * plane
+                else:
+                    grad_rows, images, pixels = grad_y[first:end], end - first, plane
+                _launch(kernel, grad_rows, columns, partial[index * config.split:(index + 1) * config.split],
+                        images, problem.unfolded_rows, problem.C_OUT, pixels, config.split)
             _launch(reduce, partial, dw, dbias if with_bias else dw, len(partial), dw.numel(), problem.C_OUT)
     else:
         kind, candidates, make_kernel, inputs, sizes, taps = _split_dw_plan(problem, grad_y, grad_y_cl, x)
@@ -820,7 +851,7 @@ def _backward(grad_y, x, weight, stride, padding, dilation, groups, need_dx, nee
         raise ValueError(f"grad_y: expected {x.dtype} of shape {expected} on {x.device}, got {grad_y.dtype} "
                          f"{tuple(grad_y.shape)} on {grad_y.device}")
     needs_cl = (need_dx and problem.dx_channels_last) or (
-        (need_dw or need_dbias) and problem.channels_last and not problem.pointwise)
+        (need_dw or need_dbias) and problem.channels_last and not problem.pointwise and not problem.unfolded_dw)
     grad_y_cl = channels_last(grad_y) if needs_cl else None
     dx = _dx(grad_y, weight, problem, x.device, grad_y_cl) if need_dx else x.new_empty(0)
     dw, dbias = x.new_empty(0), x.new_empty(0)

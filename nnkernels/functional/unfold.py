@@ -14,8 +14,8 @@ _log = logging.getLogger("nnkernels")
 
 
 @functools.lru_cache(maxsize=None)
-def unfold_kernel(geometry, out_size, dtype):
-    return Unfold2d(*geometry, *unfold_tiles(*out_size), dtype=dtype)
+def unfold_kernel(geometry, out_size, dtype, rows_outer=False):
+    return Unfold2d(*geometry, rows_outer, *unfold_tiles(*out_size), dtype=dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -29,14 +29,17 @@ def _launch(kernel, *args):
     kernel.launch(*args)
 
 
-def unfold(x, geometry, out_size):
+def unfold(x, geometry, out_size, rows_outer=False):
     """The [B, C*KH*KW, OH, OW] columns of a contiguous NCHW x: columns[b, (c, kh, kw), oh, ow] =
-    x[b, c, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W], 0 in the padding."""
+    x[b, c, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W], 0 in the padding;
+    with `rows_outer`, the same columns as [C*KH*KW, B, OH, OW]."""
     batch, channels, height, width = x.shape
-    columns = torch.empty(batch, channels * geometry[0] * geometry[1], *out_size, dtype=x.dtype, device=x.device)
+    rows = channels * geometry[0] * geometry[1]
+    shape = (rows, batch, *out_size) if rows_outer else (batch, rows, *out_size)
+    columns = torch.empty(shape, dtype=x.dtype, device=x.device)
     if columns.numel():
-        _launch(unfold_kernel(tuple(geometry), tuple(out_size), x.dtype), x, columns, batch * channels,
-                height, width, *out_size)
+        _launch(unfold_kernel(tuple(geometry), tuple(out_size), x.dtype, rows_outer), x, columns,
+                batch * channels, channels, height, width, *out_size)
     return columns
 
 

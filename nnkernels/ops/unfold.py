@@ -38,8 +38,11 @@ def _plane_tile(rows, cols, elements):
 
 
 def unfold_tiles(out_height, out_width):
-    """(BLOCK_OH, BLOCK_OW) of an `Unfold2d` launch."""
-    return _plane_tile(out_height, out_width, UNFOLD_TILE_ELEMENTS)
+    """(BLOCK_B, BLOCK_OH, BLOCK_OW) of an `Unfold2d` launch: a plane tile, and as many images as fill the
+    program when the plane is small (on the H200, ResNet-50's 7x7 planes in one-image programs of 8x8
+    tiles wrote their fp32 columns at 0.7 TB/s)."""
+    block_oh, block_ow = _plane_tile(out_height, out_width, UNFOLD_TILE_ELEMENTS)
+    return UNFOLD_TILE_ELEMENTS // (block_oh * block_ow), block_oh, block_ow
 
 
 def fold_tiles(height, width, stride):
@@ -60,9 +63,13 @@ def _check_sizes(k, a):
 
 
 def unfold2d_entry(k, a):
-    """Grid (PLANES*KH, cdiv(OH, BLOCK_OH), cdiv(OW, BLOCK_OW)) for `Unfold2d`."""
+    """Grid (cdiv(B, BLOCK_B)*C*KH, cdiv(OH, BLOCK_OH), cdiv(OW, BLOCK_OW)) for `Unfold2d` (C = CHANNELS,
+    B = PLANES // C)."""
+    if a.CHANNELS < 1 or a.PLANES % a.CHANNELS:
+        raise ValueError(f"CHANNELS: expected a positive divisor of PLANES ({a.PLANES}), got {a.CHANNELS}")
     _check_sizes(k, a)
-    return check_grid_3d(a.PLANES * k.kh, cdiv(a.OH, k.block_oh), cdiv(a.OW, k.block_ow))
+    return check_grid_3d(cdiv(a.PLANES // a.CHANNELS, k.block_b) * a.CHANNELS * k.kh, cdiv(a.OH, k.block_oh),
+                         cdiv(a.OW, k.block_ow))
 
 
 def fold2d_entry(k, a):
@@ -75,40 +82,53 @@ def fold2d_entry(k, a):
 
 @triton.jit
 def unfold2d(
-    x, columns, PLANES, H, W, OH, OW,
+    x, columns, PLANES, CHANNELS, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    BLOCK_OH: tl.constexpr, BLOCK_OW: tl.constexpr,
+    ROWS_OUTER: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_OH: tl.constexpr, BLOCK_OW: tl.constexpr,
 ):
-    """im2col of PLANES = B*C planes: row r = plane*KH*KW + kh*KW + kw of `columns` is tap (kh, kw) of plane.
+    """im2col of PLANES = B*C planes (C = CHANNELS): row r = c*KH*KW + kh*KW + kw of image b's columns is
+    tap (kh, kw) of plane b*C + c; `columns` is [B, C*KH*KW, OH, OW], or [C*KH*KW, B, OH, OW] when
+    ROWS_OUTER (a row's pixels of every image one run, for 1x1 products that reduce over them).
 
-    Grid: (PLANES*KH, cdiv(OH, BLOCK_OH), cdiv(OW, BLOCK_OW)). Program (plane*KH + kh, i, j) writes, for
-    every kw and the output pixels (oh, ow) of its BLOCK_OH x BLOCK_OW tile inside OH x OW,
-        columns[plane*KH*KW + kh*KW + kw, oh, ow]
-            = x[plane, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W],
+    Grid: (cdiv(B, BLOCK_B)*C*KH, cdiv(OH, BLOCK_OH), cdiv(OW, BLOCK_OW)). Program ((n*C + c)*KH + kh, i, j)
+    writes, for every kw, the images b of block n (BLOCK_B of them: small planes fill a program) and the
+    output pixels (oh, ow) of its BLOCK_OH x BLOCK_OW tile inside OH x OW,
+        columns[b, r, oh, ow] (or columns[r, b, oh, ow])
+            = x[b*C + c, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W],
     0 where that pixel lies in the padding. The KW taps of a row read the same x rows, from L1 after the
     first. With STRIDE_W = 2 each tap loads the window of 2*BLOCK_OW consecutive pixels and keeps the
     even ones (`tl.split`): on the H200 element loads 2 apart wrote the stem's bf16 columns at 0.5 TB/s,
     this kernel at 2.2 TB/s (50 µs). Every element of `columns` is written, bit for bit.
     """
-    plane = tl.program_id(0) // KH
+    batch = PLANES // CHANNELS
     kh = tl.program_id(0) % KH
+    channel = tl.program_id(0) // KH % CHANNELS
+    image = tl.program_id(0) // (KH * CHANNELS) * BLOCK_B + tl.arange(0, BLOCK_B)
     oh = tl.program_id(1) * BLOCK_OH + tl.arange(0, BLOCK_OH)
     ow = tl.program_id(2) * BLOCK_OW + tl.arange(0, BLOCK_OW)
     ih = oh * STRIDE_H - PAD_H + kh * DIL_H
-    x_rows = x + plane.to(tl.int64) * H * W + ih[:, None] * W
-    rows_ok = ((oh < OH) & (ih >= 0) & (ih < H))[:, None]
-    first_row = (plane * KH + kh) * KW
-    inside = (oh < OH)[:, None] & (ow < OW)[None, :]
+    # [BLOCK_B, BLOCK_OH, 1] pointers to the x rows, and their mask
+    x_rows = (x + ((image.to(tl.int64) * CHANNELS + channel) * H * W)[:, None, None]
+              + (ih * W)[None, :, None])
+    rows_ok = (image < batch)[:, None, None] & ((oh < OH) & (ih >= 0) & (ih < H))[None, :, None]
+    inside = (image < batch)[:, None, None] & (oh < OH)[None, :, None] & (ow < OW)[None, None, :]
     for kw in tl.static_range(KW):
         if STRIDE_W == 2:
             iw = tl.program_id(2) * BLOCK_OW * 2 - PAD_W + kw * DIL_W + tl.arange(0, BLOCK_OW * 2)
-            window = tl.load(x_rows + iw[None, :], mask=rows_ok & ((iw >= 0) & (iw < W))[None, :], other=0.0)
-            values, _ = tl.split(tl.reshape(window, [BLOCK_OH, BLOCK_OW, 2]))
+            window = tl.load(x_rows + iw[None, None, :], mask=rows_ok & ((iw >= 0) & (iw < W))[None, None, :],
+                             other=0.0)
+            values, _ = tl.split(tl.reshape(window, [BLOCK_B, BLOCK_OH, BLOCK_OW, 2]))
         else:
             iw = ow * STRIDE_W - PAD_W + kw * DIL_W
-            values = tl.load(x_rows + iw[None, :], mask=rows_ok & ((iw >= 0) & (iw < W))[None, :], other=0.0)
-        tl.store(columns + (first_row + kw).to(tl.int64) * OH * OW + oh[:, None] * OW + ow[None, :], values,
+            values = tl.load(x_rows + iw[None, None, :], mask=rows_ok & ((iw >= 0) & (iw < W))[None, None, :],
+                             other=0.0)
+        row = (channel * KH + kh) * KW + kw
+        if ROWS_OUTER:
+            row_start = (row.to(tl.int64) * batch + image) * OH * OW
+        else:
+            row_start = (image.to(tl.int64) * CHANNELS * KH * KW + row) * OH * OW
+        tl.store(columns + row_start[:, None, None] + (oh * OW)[None, :, None] + ow[None, None, :], values,
                  mask=inside)
 
 
@@ -156,7 +176,7 @@ def fold2d(
              mask=(ih < H)[:, None] & (iw < W)[None, :])
 
 
-Unfold2d = kernel_object(unfold2d, example=(7, 7, 2, 2, 3, 3, 1, 1, 32, 128), entry=unfold2d_entry,
-                         nonnegative=("PAD_H", "PAD_W"), num_warps=4)
+Unfold2d = kernel_object(unfold2d, example=(7, 7, 2, 2, 3, 3, 1, 1, False, 1, 32, 128), entry=unfold2d_entry,
+                         flags=("ROWS_OUTER",), nonnegative=("PAD_H", "PAD_W"), num_warps=4)
 Fold2d = kernel_object(fold2d, example=(7, 7, 2, 2, 3, 3, 1, 1, 16, 128), entry=fold2d_entry,
                        pointer_dtypes={"columns": torch.float32}, nonnegative=("PAD_H", "PAD_W"), num_warps=4)
