@@ -1,7 +1,8 @@
-"""The unfolded convolution backward (at most 4 input channels, large planes: the RGB stem): `Unfold2d` bit-exact
-against torch's `F.unfold`, `Fold2d` against `F.fold` in float64, the fp32 columns of
-`Conv2dPointwiseFp32Out`, and nnkernels.conv2d on that path against torch in float64 for every dtype,
-with TF32 on and off; outputs poisoned, ragged tiles, bad launches write nothing."""
+"""The unfolded convolution backward (at most 4 input channels, large planes: the RGB stem) and the fp32 weight
+gradient of small planes from columns laid out rows-outer: `Unfold2d` (both layouts) bit-exact against torch's
+`F.unfold`, `Fold2d` against `F.fold` in float64, the fp32 columns of `Conv2dPointwiseFp32Out`, and
+nnkernels.conv2d on both paths against torch in float64, with TF32 on and off; outputs poisoned, ragged tiles,
+bad launches write nothing."""
 import importlib
 
 import pytest
@@ -164,7 +165,8 @@ def test_conv2d_rows_outer_dw_matches_torch(slice_bytes, tf32, monkeypatch):
     x = randn(3, 16, 5, 6).requires_grad_()
     w = randn(32, 16, 3, 3).requires_grad_()
     b = randn(32).requires_grad_()
-    assert conv_module.kernels_for(x.shape, w.shape, 1, (1, 2), bias=True)[3].startswith("unfold2d__fp32__1__1")
+    names = [k.split("__")[0] for k in conv_module.kernels_for(x.shape, w.shape, 1, (1, 2), bias=True)]
+    assert names[-4:] == ["unfold2d", "unfold2d", "conv2d_pointwise_dw", "conv2d_dw_reduce"]
     with torch.backends.cudnn.flags(allow_tf32=tf32):
         y = conv_module.conv2d(x, w, b, 1, (1, 2))
         dy = torch.randn_like(y)
@@ -180,7 +182,8 @@ def test_conv2d_rows_outer_dw_matches_torch(slice_bytes, tf32, monkeypatch):
 @pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "fp32-tf32"])
 def test_resnet_7x7_layer_takes_the_rows_outer_dw_on_the_gpu(tf32):
     """ResNet-50's last 3x3 layer (512 channels on 7x7 planes), batch 4: dw against float64."""
-    assert conv_module.kernels_for((4, 512, 7, 7), (512, 512, 3, 3), 1, 1)[2].startswith("unfold2d")
+    names = [k.split("__")[0] for k in conv_module.kernels_for((4, 512, 7, 7), (512, 512, 3, 3), 1, 1)]
+    assert names[-4:] == ["unfold2d", "unfold2d", "conv2d_pointwise_dw", "conv2d_dw_reduce"]
     x, w = randn(4, 512, 7, 7).requires_grad_(), randn(512, 512, 3, 3).requires_grad_()
     with torch.backends.cudnn.flags(allow_tf32=tf32):
         y = conv_module.conv2d(x, w, None, 1, 1)
