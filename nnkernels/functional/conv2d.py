@@ -78,7 +78,7 @@ UNFOLD_MAX_CHANNELS = 4
 UNFOLD_MIN_PIXELS = 1024
 # fp32 weight gradients of small planes are one 1x1 product over B*OH*OW pixels of rows-outer unfolded
 # columns. On the H200 (ResNet-50's 3x3 layers, B32) the backward against the TMA boxes' dw: 7x7 planes TF32
-# 192 -> 157 µs, full fp32 410 -> 337; 14x14 TF32 161 -> 152, full fp32 336 -> 325; on 28x28 planes the
+# 194 -> 157 µs, full fp32 410 -> 337; 14x14 TF32 161 -> 150, full fp32 336 -> 323; on 28x28 planes the
 # unfold (43 µs) and the product (59) cost more than the TMA dw (108, TF32).
 UNFOLD_DW_MAX_PIXELS = 256
 # The unfold geometry that lays dy out rows-outer: a 1x1 window, stride 1, no padding.
@@ -431,8 +431,8 @@ class _Problem:
         return tuning.pointwise_dw_candidates(self.C_OUT, self.C_IN, self.OH * self.OW, self.B, self.dtype)
 
     def unfold_slices(self, element_size):
-        """[first, end) slices of the batch whose columns ([n, C_IN*KH*KW, OH, OW]) take at most
-        UNFOLD_SLICE_BYTES, at least one image each."""
+        """[first, end) slices of the batch whose columns (n*C_IN*KH*KW*OH*OW elements, in either layout) take
+        at most UNFOLD_SLICE_BYTES, at least one image each."""
         step = max(1, UNFOLD_SLICE_BYTES // (self.unfolded_rows * self.OH * self.OW * element_size))
         return [(first, min(first + step, self.B)) for first in range(0, self.B, step)]
 
