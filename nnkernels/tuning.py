@@ -24,7 +24,7 @@ import os
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,6 +35,8 @@ TUNING_BUDGET_S = 2.0
 # Above the H200's boost clock, so the GPU's sleep in `_time_ms` lasts at least as long as asked.
 GPU_CYCLES_PER_S = 2.0e9
 QUICK_CANDIDATES = 3
+# Output planes up to this many pixels (14x14) try `Conv2dTmaForward`'s boxes first (tma_forward_candidates).
+TMA_FORWARD_FIRST_PIXELS = 256
 DEPTHWISE_LANES = 128  # (plane, column) pairs of a depthwise program on the GPU: one per thread of 4 warps
 DEPTHWISE_BAND = 16  # most rows of a depthwise program's band
 REDUCE_TILE = 8192  # fp32 values one dw-reduce program loads at once: 64 per thread of its 4 warps
@@ -56,6 +58,7 @@ class Config:
     num_stages: int = 3
     split: int = 1
     taps: int = 1  # taps per program, for kernels that reuse one tile for several
+    tma: bool = False  # the channels-last forward's tiles as TMA boxes (`Conv2dTmaForward`)
 
 
 def mode() -> str:
@@ -306,7 +309,7 @@ def _pow2_dividing(n: int) -> int:
 
 
 def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: int,
-                             dtype: torch.dtype, taps: int = 0) -> list[Config]:
+                             dtype: torch.dtype, taps: int = 0, tma_plane: tuple[int, int] | None = None) -> list[Config]:
     """`gemm_candidates` for the channels-last forward and dx kernels. Their pixel tiles take
     `image_tile(block_m, pixels_per_image)` pixels of one image (one phase of one image for dx),
     so on the GPU a tile is no wider than that rounded up to a power of two, and at least the 64
@@ -316,32 +319,72 @@ def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: in
     leaves SMs idle (fewer than two programs per SM), narrower channel tiles go first. With `taps`
     (the forward's KH*KW; its K is taps*c_in), a tile set with fewer programs than SMs is also
     offered split over K (`split`: 2 to 4 slices, so about two programs per SM run), right after
-    itself: ResNet-50's 512-channel 7x7 layer has 52 tiles of 128 x 128 for 132 SMs."""
+    itself: ResNet-50's 512-channel 7x7 layer has 52 tiles of 128 x 128 for 132 SMs.
+    With `tma_plane` (the forward's OH, OW, where `Conv2dTmaForward` can run), its boxes of 64 pixels
+    by 64 or 128 channels are offered too (`tma_forward_candidates`): first on planes of at most
+    TMA_FORWARD_FIRST_PIXELS pixels, where they were faster on the H200, last on larger ones."""
     limit = _pow2_dividing(c_in)
     widest = 4096 if INTERPRETED else max(64, pow2_at_least(pixels_per_image))
     found = [Config(min(c.block_m, widest), c.block_n, min(c.block_k, limit), c.num_warps, c.num_stages)
              for c in gemm_candidates(batch * pixels_per_image, n, c_in, dtype)]
     if not INTERPRETED:
         first = found[0]
-        tiles = -(-batch // (first.block_m // image_tile(first.block_m, pixels_per_image)))
-        programs = tiles * -(-pixels_per_image // image_tile(first.block_m, pixels_per_image)) * -(-n // first.block_n)
-        if programs < 2 * _num_sms() and first.block_n > 64:
+        if _pixel_tiles(first, batch, pixels_per_image, n) < 2 * _num_sms() and first.block_n > 64:
             found.insert(0, Config(first.block_m, 64, first.block_k, 4, first.num_stages))
         if taps:
-            found = [split for config in found for split in _split_k(config, batch, pixels_per_image, n,
-                                                                      taps * c_in)]
+            found = [split for config in found
+                     for split in _split_k(config, _pixel_tiles(config, batch, pixels_per_image, n), taps * c_in)]
+    if tma_plane is not None:
+        boxes = tma_forward_candidates(batch, tma_plane, n, c_in, dtype, taps)
+        found = boxes + found if tma_plane[0] * tma_plane[1] <= TMA_FORWARD_FIRST_PIXELS else found + boxes
+    if INTERPRETED:
+        found = found[:1]  # the interpreter gets one config, as from every candidate list
     return list(dict.fromkeys(found))
 
 
-def _split_k(config: Config, batch: int, pixels_per_image: int, n: int, k: int) -> list[Config]:
-    """`config`, then, when its tiles are fewer than the SMs, the same tiles split over K into 2 to 4
-    slices (about two programs per SM, each slice at least four K-steps)."""
+def tma_forward_candidates(batch: int, plane: tuple[int, int], n: int, c_in: int, dtype: torch.dtype,
+                           taps: int) -> list[Config]:
+    """Configs of `Conv2dTmaForward` (`tma`): boxes of 64 output pixels (`tma_forward_box`) by BLOCK_N
+    channels, one warpgroup, 4 then 3 pipeline stages, each also split over K when its programs are fewer
+    than the SMs. What won in a sweep on the H200 (ResNet-50's 3x3 layers, B32, bf16, TF32 and full fp32;
+    BENCHMARKS.md, twelfth session): 64-pixel boxes on every layer, 128 channels (64 where C_OUT is),
+    4 stages and split K by 2 on 7x7 planes. The interpreter takes one box set over many images."""
+    block_n = _clamp_pow2(n, 16, 128)
+    block_k = min(64 if dtype != torch.float32 else 32, _pow2_dividing(c_in))
+    if INTERPRETED:
+        return [Config(4096, block_n, block_k, 4, 1, tma=True)]
+    found = []
+    for stages in (4, 3):
+        config = Config(64, block_n, block_k, 4, stages, tma=True)
+        box_b, box_h, box_w = tma_forward_box(config.block_m, *plane)
+        programs = -(-batch // box_b) * -(-plane[0] // box_h) * -(-plane[1] // box_w) * -(-n // block_n)
+        found += _split_k(config, programs, taps * c_in)
+    return found
+
+
+def tma_forward_box(block_m: int, rows: int, cols: int) -> tuple[int, int, int]:
+    """(BOX_B, BOX_H, BOX_W) of `Conv2dTmaForward` for `block_m` pixels (a power of two) of planes of
+    rows x cols: whole planes rounded up to powers of two, several images of them where they are
+    smaller than `block_m`, else `tma_box`'s box."""
+    plane_h, plane_w = pow2_at_least(rows), pow2_at_least(cols)
+    if plane_h * plane_w <= block_m:
+        return block_m // (plane_h * plane_w), plane_h, plane_w
+    return (1, *tma_box(rows, cols, block_m))
+
+
+def _pixel_tiles(config: Config, batch: int, pixels_per_image: int, n: int) -> int:
+    """Programs of a channels-last forward or dx launch with `config` (one split)."""
     per_tile = image_tile(config.block_m, pixels_per_image)
-    programs = -(-batch // (config.block_m // per_tile)) * -(-pixels_per_image // per_tile) * -(-n // config.block_n)
+    return -(-batch // (config.block_m // per_tile)) * -(-pixels_per_image // per_tile) * -(-n // config.block_n)
+
+
+def _split_k(config: Config, programs: int, k: int) -> list[Config]:
+    """`config`, then, when its `programs` are fewer than the SMs, the same tiles split over K into 2
+    to 4 slices (about two programs per SM, each slice at least four K-steps)."""
     if programs >= _num_sms() or k // config.block_k < 8:
         return [config]
     split = max(2, min(4, 2 * _num_sms() // programs, k // config.block_k // 4))
-    return [config, Config(config.block_m, config.block_n, config.block_k, config.num_warps, config.num_stages, split)]
+    return [config, replace(config, split=split)]
 
 
 def image_tile(block_m: int, pixels_per_image: int) -> int:

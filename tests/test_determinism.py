@@ -60,7 +60,8 @@ CASES = {
     # forward kernel on dy; strided, written channels-last and transposed), on NCHW (channels not multiples of
     # 16, or groups), 1x1 as a matrix product (strided: of the subsampled input), depthwise, the backward as 1x1
     # products of the unfolded input (at most 4 input channels, large planes); dw split into fp32 partials (from
-    # TMA boxes at stride 1; in fp32 on small planes, one 1x1 product of the input unfolded rows-outer).
+    # TMA boxes at stride 1; in fp32 on small planes, one 1x1 product of the input unfolded rows-outer); on small
+    # planes at stride 1 the forward (and dx) from TMA boxes too.
     "conv2d-cl-fp32": Case("conv2d", dict(x=(8, 32, 28, 28), w=(64, 32, 3, 3)), dict(x=(1, 16, 4, 4), w=(16, 16, 3, 3)),
                            CONV_CL_TMA, dict(padding=1, bias=True)),
     "conv2d-1x1-strided-fp16": Case("conv2d", dict(x=(16, 64, 56, 56), w=(128, 64, 1, 1)),
@@ -84,7 +85,7 @@ CASES = {
                                  dict(stride=2, padding=3, bias=True), torch.bfloat16),
     "conv2d-rows-outer-dw-fp32": Case("conv2d", dict(x=(16, 128, 7, 7), w=(128, 128, 3, 3)),
                                       dict(x=(2, 16, 5, 5), w=(16, 16, 3, 3)),
-                                      ("ChannelsLastCopy", "Conv2dGemmClForward", "Unfold2d", "Conv2dPointwiseDw",
+                                      ("ChannelsLastCopy", "Conv2dTmaForward", "Unfold2d", "Conv2dPointwiseDw",
                                        "Conv2dDwReduce"), dict(padding=1, bias=True)),
     "conv2d-nchw-grouped-dilated-bf16": Case("conv2d", dict(x=(4, 48, 20, 20), w=(96, 12, 3, 3)),
                                              dict(x=(1, 4, 6, 6), w=(4, 1, 3, 3)), CONV_NCHW,

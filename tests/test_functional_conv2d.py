@@ -163,24 +163,32 @@ def test_kernels_for_names_the_choice():
     assert [k.split("__")[0] for k in unfolded] == ["conv2d_gemm_forward", "conv2d_pointwise_fp32_out", "fold2d",
                                                    "unfold2d", "conv2d_pointwise_dw", "conv2d_dw_reduce"]
     # Stride 1 and channels multiples of 16: dx is the forward kernel run on dy with the flipped weight,
-    # unless the padding reaches past the kernel (then no forward convolution is dx).
+    # unless the padding reaches past the kernel (then no forward convolution is dx). On planes of at most
+    # 256 pixels the forward's first guess is the TMA boxes' kernel, on larger ones and strided the pointer one.
     forward_as_dx = kernels_for((2, 16, 6, 6), (32, 16, 3, 3), padding=1)
-    assert [k.split("__")[0] for k in forward_as_dx[:2]] == ["conv2d_gemm_cl_forward"] * 2
+    assert [k.split("__")[0] for k in forward_as_dx[:2]] == ["conv2d_tma_forward"] * 2
+    larger = kernels_for((2, 16, 17, 16), (32, 16, 3, 3), padding=1)  # 272 pixels
+    assert [k.split("__")[0] for k in larger[:2]] == ["conv2d_gemm_cl_forward"] * 2
+    assert kernels_for((2, 16, 7, 7), (32, 16, 3, 3), stride=2, padding=1)[0].startswith("conv2d_gemm_cl_forward")
     assert kernels_for((2, 16, 6, 6), (32, 16, 3, 3), padding=3)[1].startswith("conv2d_gemm_cl_dx")
-    # fp32 at stride 1 on planes of at most 256 pixels: dw is one 1x1 product of the input and dy unfolded
-    # rows-outer; 16-bit types keep the TMA boxes' dw.
+    # fp32 at stride 1 on planes of at most 256 pixels (4096 with TF32 off): dw is one 1x1 product of the input
+    # and dy unfolded rows-outer; 16-bit types keep the TMA boxes' dw.
     rows_outer = kernels_for((2, 16, 7, 7), (32, 16, 3, 3), padding=1)
     assert [k.split("__")[0] for k in rows_outer[-4:]] == ["unfold2d", "unfold2d", "conv2d_pointwise_dw",
                                                           "conv2d_dw_reduce"]
     assert kernels_for((2, 16, 7, 7), (32, 16, 3, 3), padding=1, dtype=torch.bfloat16)[-2].startswith("conv2d_tma_dw")
     assert kernels_for((2, 16, 17, 16), (32, 16, 3, 3), padding=1)[-2].startswith("conv2d_tma_dw")  # 272 pixels
-    assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm + unfolded + rows_outer}
+    with torch.backends.cudnn.flags(allow_tf32=False):  # full fp32 takes the rows-outer dw up to 4096 pixels
+        assert kernels_for((2, 16, 17, 16), (32, 16, 3, 3), padding=1)[-4].startswith("unfold2d")
+        assert kernels_for((2, 16, 65, 64), (32, 16, 3, 3), padding=1)[-2].startswith("conv2d_tma_dw")
+    assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm + unfolded + rows_outer
+                                             + forward_as_dx + larger}
 
 
 @pytest.mark.parametrize("x_shape, w_shape, options", [
-    ((2, 16, 6, 6), (16, 16, 3, 3), dict(padding=1, bias=True)),  # channels-last forward and dx, rows-outer dw
+    ((2, 16, 6, 6), (16, 16, 3, 3), dict(padding=1, bias=True)),  # the TMA boxes' forward and dx, rows-outer dw
     ((2, 16, 7, 7), (32, 16, 3, 3), dict(stride=2, padding=1)),  # strided: the channels-last dw
-    ((2, 16, 17, 16), (16, 16, 3, 3), dict(padding=1, dtype=torch.bfloat16)),  # the TMA boxes' dw
+    ((2, 16, 17, 16), (16, 16, 3, 3), dict(padding=1, dtype=torch.bfloat16)),  # the pointer forward, TMA dw
     ((2, 8, 6, 6), (12, 8, 3, 3), dict(padding=1)),  # NCHW kernels
     ((1, 3, 64, 64), (8, 3, 7, 7), dict(stride=2, padding=3, bias=True)),  # the unfolded input's 1x1 products
     ((2, 16, 5, 5), (24, 16, 1, 1), dict(bias=True)),  # 1x1 matrix products

@@ -34,6 +34,7 @@ from ..ops.conv2d_gemm_dx import Conv2dGemmDx
 from ..ops.conv2d_gemm_forward import Conv2dGemmForward
 from ..ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw, Conv2dPointwiseFp32Out
 from ..ops.conv2d_tma_dw import Conv2dTmaDw
+from ..ops.conv2d_tma_forward import Conv2dTmaForward
 from ..ops.layout import ChannelsLastCopy
 from ..ops.subsample import Subsample2dBackward, Subsample2dForward
 from ..ops.unfold import Fold2d, Unfold2d
@@ -48,6 +49,7 @@ KERNELS = (
     Unfold2d,
     Fold2d,
     Conv2dGemmClForward,
+    Conv2dTmaForward,
     Conv2dGemmClDx,
     Conv2dGemmClDw,
     Conv2dTmaDw,
@@ -79,8 +81,10 @@ UNFOLD_MIN_PIXELS = 1024
 # fp32 weight gradients of small planes are one 1x1 product over B*OH*OW pixels of rows-outer unfolded
 # columns. On the H200 (ResNet-50's 3x3 layers, B32) the backward against the TMA boxes' dw: 7x7 planes TF32
 # 194 -> 157 µs, full fp32 410 -> 337; 14x14 TF32 161 -> 150, full fp32 336 -> 323; on 28x28 planes the
-# unfold (43 µs) and the product (59) cost more than the TMA dw (108, TF32).
+# unfold (43 µs) and the product (59) cost more than the TMA dw (108, TF32). With TF32 off the TMA dw's
+# three products cost more: the backward (dx + dw, same run) at 28x28 404 -> 329 µs, at 56x56 399 -> 375.
 UNFOLD_DW_MAX_PIXELS = 256
+UNFOLD_DW_MAX_PIXELS_FULL_FP32 = 4096
 # The unfold geometry that lays dy out rows-outer: a 1x1 window, stride 1, no padding.
 ROWS_OUTER_COPY = (1, 1, 1, 1, 0, 0, 1, 1)
 
@@ -209,6 +213,12 @@ def _is_depthwise(c_in, c_out, groups):
     return groups == c_in == c_out
 
 
+def _has_tma(device):
+    """Whether kernels copying TMA boxes run on `device`: GPUs of compute capability 9.0 and up, and the
+    interpreter (CPU tensors)."""
+    return device.type == "cpu" or torch.cuda.get_device_capability(device) >= (9, 0)
+
+
 def _tf32(dtype):
     """TF32 products for fp32 when cuDNN would use them; 16-bit types always take the tensor-core path."""
     return dtype != torch.float32 or bool(torch.backends.cudnn.allow_tf32)
@@ -241,11 +251,13 @@ class _Problem:
         self.unfolded_rows = self.C_IN * self.KH * self.KW
         self.channels_last = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
                               and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
-        # The fp32 weight gradient of small planes, where the TMA dw would run (channels-last, stride 1), is one
-        # 1x1 product of the columns unfolded rows-outer ([C_IN*KH*KW, B, OH, OW]) and dy laid out the same way
-        # ([C_OUT, B, OH, OW]): a reduction over all B*OH*OW pixels in runs the tensor cores read directly.
+        # The fp32 weight gradient of small planes (larger ones with TF32 off), where the TMA dw would run
+        # (channels-last, stride 1), is one 1x1 product of the columns unfolded rows-outer ([C_IN*KH*KW, B, OH,
+        # OW]) and dy laid out the same way ([C_OUT, B, OH, OW]): a reduction over all B*OH*OW pixels in runs the
+        # tensor cores read directly.
+        most_pixels = UNFOLD_DW_MAX_PIXELS if _tf32(dtype) else UNFOLD_DW_MAX_PIXELS_FULL_FP32
         self.rows_outer_dw = (dtype == torch.float32 and self.channels_last and not self.pointwise
-                              and self.stride == (1, 1) and self.OH * self.OW <= UNFOLD_DW_MAX_PIXELS)
+                              and self.stride == (1, 1) and self.OH * self.OW <= most_pixels)
         self.unfolded_dw = self.unfolded or self.rows_outer_dw
         # The forward's channels-last copy of x pays off over KH*KW taps; for a 1x1 convolution
         # the NCHW kernel measured faster on the H200 (bf16 0.23 vs 0.27 ms, TF32 0.18 vs 0.31 ms).
@@ -276,9 +288,12 @@ class _Problem:
             return (self.B, self.C_IN, self.H, self.W, self.OH, self.OW)
         return self.sizes
 
-    def cl_forward_candidates(self):
+    def cl_forward_candidates(self, device):
+        """The channels-last forward's configs, `Conv2dTmaForward`'s boxes among them where it runs (stride 1,
+        a GPU with a TMA unit or the interpreter)."""
+        boxes = self.stride == (1, 1) and _has_tma(device)
         return tuning.channels_last_candidates(self.B, self.OH * self.OW, self.C_OUT, self.C_IN, self.dtype,
-                                               taps=self.KH * self.KW)
+                                               taps=self.KH * self.KW, tma_plane=(self.OH, self.OW) if boxes else None)
 
     def cl_dx_candidates(self):
         return tuning.channels_last_candidates(self.B, self.pixels_per_phase, self.C_IN, self.C_OUT, self.dtype)
@@ -288,6 +303,11 @@ class _Problem:
                                                   self.B * self.OH * self.OW, self.dtype)
 
     def cl_forward_kernel(self, config):
+        if config.tma:
+            box = tuning.tma_forward_box(config.block_m, self.OH, self.OW)
+            constants = self.geometry + (self.has_bias, self.tf32, self.flip_taps, *box, config.block_n, config.block_k,
+                                         config.split)
+            return _kernel(Conv2dTmaForward, constants, self.dtype, config.num_warps, config.num_stages)
         block_q = tuning.image_tile(config.block_m, self.OH * self.OW)
         constants = self.geometry + (self.has_bias, self.tf32, self.flip_taps, config.block_m, config.block_n,
                                      config.block_k, block_q, config.split)
@@ -335,10 +355,8 @@ class _Problem:
         return _kernel(Conv2dGemmClDx, constants, self.dtype, config.num_warps, config.num_stages)
 
     def tma_dw(self, device):
-        """dw from TMA boxes (`Conv2dTmaDw`): channels-last, stride 1, on GPUs with a TMA unit
-        (compute capability 9.0 and up) and in the interpreter."""
-        has_tma = device.type == "cpu" or torch.cuda.get_device_capability(device) >= (9, 0)
-        return self.channels_last and self.stride == (1, 1) and has_tma
+        """dw from TMA boxes (`Conv2dTmaDw`): channels-last, stride 1, where `_has_tma`."""
+        return self.channels_last and self.stride == (1, 1) and _has_tma(device)
 
     def tma_dw_candidates(self):
         return tuning.tma_dw_candidates(self.C_OUT, self.C_IN, self.KH, self.KW, self.B, self.OH, self.OW, self.dtype)
@@ -479,10 +497,10 @@ class _Problem:
         return _kernel(Conv2dDwReduce, (with_bias, taps, *tuning.reduce_tile(positions, taps)), self.dtype, 4, 1)
 
 
-def _cl_forward_kernels(problem):
+def _cl_forward_kernels(problem, device):
     """The channels-last forward kernel tuning has remembered for `problem` (or its first guess), and the
     split-K sum after it when that config splits."""
-    config = tuning.peek("conv2d_cl_forward", problem.key, problem.cl_forward_candidates())
+    config = tuning.peek("conv2d_cl_forward", problem.key, problem.cl_forward_candidates(device))
     kernels = [problem.cl_forward_kernel(config)]
     if config.split > 1:
         kernels.append(problem.split_sum_kernel(problem.B * problem.C_OUT * problem.OH * problem.OW))
@@ -508,8 +526,9 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
             kernels += [problem.pointwise_kernel(dx_config, for_dx=True), problem.pointwise_dw_kernel(dw_config, bias),
                         problem.reduce_kernel(bias)]
         return [k.id for k in kernels]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if problem.forward_channels_last:
-        kernels = _cl_forward_kernels(problem)
+        kernels = _cl_forward_kernels(problem, device)
     else:
         kernels = [problem.forward_kernel(tuning.peek("conv2d_forward", problem.key, problem.forward_candidates()))]
     if not backward:
@@ -520,7 +539,7 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
     else:
         transposed = problem.dx_forward()
         if transposed is not None:
-            kernels += _cl_forward_kernels(transposed)
+            kernels += _cl_forward_kernels(transposed, device)
         elif problem.dx_channels_last:
             config = tuning.peek("conv2d_cl_dx", problem.key, problem.cl_dx_candidates())
             kernels.append(problem.cl_dx_kernel(config))
@@ -531,7 +550,7 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
         kernels += [problem.unfold_kernel(), *([problem.grad_rows_kernel()] if problem.rows_outer_dw else []),
                     problem.pointwise_dw_kernel(dw_config, bias), problem.reduce_kernel(bias)]
     else:
-        tma_dw = problem.tma_dw(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        tma_dw = problem.tma_dw(device)
         if tma_dw:
             config = tuning.peek("conv2d_tma_dw", problem.key + (bias,), problem.tma_dw_candidates())
             kernels.append(problem.tma_dw_kernel(config, bias))
@@ -577,7 +596,7 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
         return
     if p.forward_channels_last:
         x_cl, w_cl = channels_last(x), channels_last(weight)
-        for config in pick(p.cl_forward_candidates()):
+        for config in pick(p.cl_forward_candidates(x.device)):
             _cl_forward(p, config, x_cl, w_cl, bias_arg, y)
     else:
         for config in pick(p.forward_candidates()):
@@ -596,7 +615,7 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     transposed = p.dx_forward()
     if transposed is not None:
         w_forward = p.dx_forward_weight(weight)
-        for config in pick(transposed.cl_forward_candidates()):
+        for config in pick(transposed.cl_forward_candidates(x.device)):
             _cl_forward(transposed, config, y_cl, w_forward, dx, dx)
     elif p.dx_channels_last:
         w_t = p.cl_dx_weight(weight)
@@ -657,7 +676,7 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
         def run_cl(config):
             _cl_forward(problem, config, x_cl, w_cl, bias_arg, y)
 
-        run_cl(tuning.choose("conv2d_cl_forward", problem.key, problem.cl_forward_candidates(), run_cl))
+        run_cl(tuning.choose("conv2d_cl_forward", problem.key, problem.cl_forward_candidates(x.device), run_cl))
         return y
 
     def run(config):
@@ -685,7 +704,7 @@ def _dx(grad_y, weight, problem, device, grad_y_cl=None):
         def run_forward(config):
             _cl_forward(transposed, config, grad_y_cl, w_forward, dx, dx)  # no bias: dx stands in, unread
 
-        run_forward(tuning.choose("conv2d_cl_forward", transposed.key, transposed.cl_forward_candidates(),
+        run_forward(tuning.choose("conv2d_cl_forward", transposed.key, transposed.cl_forward_candidates(device),
                                   run_forward))
         return dx
     if problem.dx_channels_last:
