@@ -18,12 +18,19 @@ def reference(x, w, b, dy):
     return y64, x64.grad, w64.grad, b64.grad
 
 
+# K in 16-channel slices, one channel tile per program; or the whole reduction as one x tile (block_k 64 >=
+# 40 and 24 channels) serving 2 channel tiles per program (the last program's second tile past C_OUT or C_IN).
+TILINGS = {"k-slices": dict(block_m=16, block_n=16, block_k=16, m_tiles=0),
+           "whole-k": dict(block_m=16, block_n=16, block_k=64, m_tiles=2)}
+
+
+@pytest.mark.parametrize("tiling", TILINGS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_pointwise_forward_dx_and_dw_over_ragged_tiles(dtype):
+def test_pointwise_forward_dx_and_dw_over_ragged_tiles(dtype, tiling):
     x, w, b = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, 1, 1, dtype=dtype), randn(C_OUT, dtype=dtype)
     dy = randn(B, C_OUT, H, W, dtype=dtype)
     y64, dx64, dw64, db64 = reference(x, w, b, dy)
-    tiles = dict(block_m=16, block_n=16, block_k=16)
+    tiles = TILINGS[tiling]
 
     y = poisoned(B, C_OUT, H, W, dtype=dtype)
     Conv2dPointwise(has_bias=True, tf32=False, **tiles, dtype=dtype).launch(x, w, b, y, B, C_IN, C_OUT, H * W)
@@ -33,10 +40,12 @@ def test_pointwise_forward_dx_and_dw_over_ragged_tiles(dtype):
     w_t = w.reshape(C_OUT, C_IN).t().contiguous()
     Conv2dPointwise(has_bias=False, tf32=False, **tiles, dtype=dtype).launch(dy, w_t, dx, dx, B, C_OUT, C_IN, H * W)
     assert_close(dx, dx64, dtype)
+    if tiling != "k-slices":
+        return  # dw has no tiling choice: the k-slices run checks it
 
     split = 4  # 3 images x cdiv(35, 16) = 9 steps in 4 slices: the last slice is short
     partial = poisoned(split, C_OUT * C_IN + C_OUT, dtype=torch.float32)
-    Conv2dPointwiseDw(has_bias=True, tf32=False, **tiles, dtype=dtype).launch(
+    Conv2dPointwiseDw(has_bias=True, tf32=False, block_m=16, block_n=16, block_k=16, dtype=dtype).launch(
         dy, x, partial, B, C_IN, C_OUT, H * W, split
     )
     dw, db = poisoned(C_OUT, C_IN, 1, 1, dtype=dtype), poisoned(C_OUT, dtype=dtype)
@@ -45,13 +54,14 @@ def test_pointwise_forward_dx_and_dw_over_ragged_tiles(dtype):
     assert_close(db, db64, dtype)
 
 
-def test_pointwise_fp32_with_tf32_takes_bf16x3_products():
+@pytest.mark.parametrize("tiling", TILINGS)
+def test_pointwise_fp32_with_tf32_takes_bf16x3_products(tiling):
     """With TF32 allowed, fp32 goes through three bf16 products of split values (`bf16x3_dot`): the
     forward and dx within BF16X3_TOLERANCE, far under TF32's error."""
     x, w, b = randn(B, C_IN, H, W), randn(C_OUT, C_IN, 1, 1), randn(C_OUT)
     dy = randn(B, C_OUT, H, W)
     y64, dx64, _, _ = reference(x, w, b, dy)
-    tiles = dict(block_m=16, block_n=16, block_k=16)
+    tiles = TILINGS[tiling]
     y = poisoned(B, C_OUT, H, W)
     Conv2dPointwise(has_bias=True, tf32=True, **tiles).launch(x, w, b, y, B, C_IN, C_OUT, H * W)
     assert_close(y, y64, tol=BF16X3_TOLERANCE)
@@ -59,6 +69,14 @@ def test_pointwise_fp32_with_tf32_takes_bf16x3_products():
     w_t = w.reshape(C_OUT, C_IN).t().contiguous()
     Conv2dPointwise(has_bias=False, tf32=True, **tiles).launch(dy, w_t, dx, dx, B, C_OUT, C_IN, H * W)
     assert_close(dx, dx64, tol=BF16X3_TOLERANCE)
+
+
+def test_pointwise_whole_k_refuses_a_longer_reduction():
+    """With m_tiles the reduction must fit the one x tile: 40 channels into 32 refused, nothing written."""
+    x, w, y = randn(1, 40, 2, 2), randn(8, 40), poisoned(1, 8, 2, 2)
+    with pytest.raises(ValueError, match="C_IN: expected at most block_k = 32"):
+        Conv2dPointwise(False, False, 16, 16, 32, 1).launch(x, w, y, y, 1, 40, 8, 4)
+    assert torch.isnan(y).all()
 
 
 def test_pointwise_refuses_a_split_longer_than_the_pixels():

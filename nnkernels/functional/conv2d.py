@@ -442,7 +442,8 @@ class _Problem:
         return tuning.pointwise_candidates(c_out, c_in, self.OH * self.OW, self.dtype)
 
     def pointwise_kernel(self, config, for_dx=False):
-        constants = (self.has_bias and not for_dx, self.tf32, config.block_m, config.block_n, config.block_k)
+        constants = (self.has_bias and not for_dx, self.tf32, config.block_m, config.block_n, config.block_k,
+                     config.m_tiles)
         return _kernel(Conv2dPointwise, constants, self.dtype, config.num_warps, config.num_stages)
 
     def pointwise_dw_candidates(self):
@@ -462,7 +463,7 @@ class _Problem:
         return weight.reshape(self.C_OUT, self.unfolded_rows).t().contiguous()
 
     def unfolded_dx_kernel(self, config):
-        constants = (self.tf32, config.block_m, config.block_n, config.block_k)
+        constants = (self.tf32, config.block_m, config.block_n, config.block_k, config.m_tiles)
         return _kernel(Conv2dPointwiseFp32Out, constants, self.dtype, config.num_warps, config.num_stages)
 
     def unfolded_dw_candidates(self):
