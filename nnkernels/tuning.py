@@ -311,8 +311,8 @@ def _pow2_dividing(n: int) -> int:
     return n & -n
 
 
-def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: int,
-                             dtype: torch.dtype, taps: int = 0, tma_plane: tuple[int, int] | None = None) -> list[Config]:
+def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: int, dtype: torch.dtype,
+                             taps: int = 0, tma_plane: tuple[int, int] | None = None) -> list[Config]:
     """`gemm_candidates` for the channels-last forward and dx kernels. Their pixel tiles take
     `image_tile(block_m, pixels_per_image)` pixels of one image (one phase of one image for dx),
     so on the GPU a tile is no wider than that rounded up to a power of two, and at least the 64

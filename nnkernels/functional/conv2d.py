@@ -10,8 +10,10 @@ output planes (the RGB stem): 1x1 products of the unfolded input (im2col) for dw
 products folded back from fp32 columns. The implicit-GEMM kernels run on channels-last copies
 (vector loads) when groups == 1 and the channel counts are multiples of 16 (for dx only C_OUT must
 be; a stride-1 dx is the forward kernel run on dy with the transposed weight, a strided one is
-written channels-last, then transposed; dw of stride 1 from TMA boxes on Hopper and later, but in fp32 on
-planes of at most 256 pixels as one 1x1 product of the input unfolded rows-outer), straight from NCHW else.
+written channels-last, then transposed; at stride 1 on Hopper and later the forward also from TMA boxes,
+tuning's first guess on planes of at most 256 pixels, and dw from TMA boxes, but in fp32 on planes of at
+most 256 pixels (4096 with TF32 off) as one 1x1 product of the input unfolded rows-outer), straight from
+NCHW else.
 Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a call uses,
 and every launch is logged at DEBUG level on the "nnkernels" logger.
 """

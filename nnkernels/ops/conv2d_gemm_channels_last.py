@@ -28,10 +28,9 @@ def check_image_tiles(k):
     return k.block_m // k.block_q
 
 
-def conv2d_gemm_cl_forward_entry(k, a):
-    """Grid (cdiv(B, images per tile) * pixel tiles per image, c_out tiles, SPLIT_K) for `Conv2dGemmClForward`."""
-    check_conv_launch(k, a, 1)
-    images = check_image_tiles(k)
+def check_forward_k_slices(k, a):
+    """The channels-last forwards' K: slices of BLOCK_K channels inside one tap, at most one slice per split;
+    bias and the split's fp32 partials sized to the output."""
     if a.C_IN % k.block_k:
         raise ValueError(f"C_IN: expected a multiple of block_k = {k.block_k}, got {a.C_IN}")
     steps = k.kh * k.kw * a.C_IN // k.block_k
@@ -41,8 +40,36 @@ def conv2d_gemm_cl_forward_entry(k, a):
         check_numel("bias", a.bias, a.C_OUT, "C_OUT")
     if k.split_k > 1:
         check_numel("partial", a.partial, k.split_k * a.B * a.C_OUT * a.OH * a.OW, "SPLIT_K*B*C_OUT*OH*OW")
+
+
+def conv2d_gemm_cl_forward_entry(k, a):
+    """Grid (cdiv(B, images per tile) * pixel tiles per image, c_out tiles, SPLIT_K) for `Conv2dGemmClForward`."""
+    check_conv_launch(k, a, 1)
+    images = check_image_tiles(k)
+    check_forward_k_slices(k, a)
     return check_grid_3d(cdiv(a.B, images) * cdiv(a.OH * a.OW, k.block_q),
                          cdiv(a.C_OUT, k.block_n), k.split_k)
+
+
+@triton.jit
+def add_forward_bias(acc, bias, c_out, c_out_ok, HAS_BIAS: tl.constexpr):
+    """acc ([pixels, BLOCK_N] fp32 of channels c_out, c_out_ok where they exist) plus bias[c_out] when HAS_BIAS,
+    in split 0 only (the channels-last forwards' split K adds the splits after)."""
+    if HAS_BIAS:
+        if tl.program_id(2) == 0:
+            acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def store_forward_tile(acc, y, partial, y_offset, y_ok, B, C_OUT, OHW, SPLIT_K: tl.constexpr):
+    """The channels-last forwards' store: acc transposed at y_offset where y_ok, into y in its type
+    (SPLIT_K = 1), else in fp32 into this split's row of partial, [SPLIT_K, B*C_OUT*OHW]."""
+    if SPLIT_K == 1:
+        tl.store(y + y_offset, tl.trans(acc).to(y.dtype.element_ty), mask=y_ok)
+    else:
+        split_first = tl.program_id(2).to(tl.int64) * B * C_OUT * OHW
+        tl.store(partial + split_first + y_offset, tl.trans(acc), mask=y_ok)
 
 
 @triton.jit
@@ -113,16 +140,9 @@ def conv2d_gemm_cl_forward(
             w_k = k_first
         w_tile = tl.load(w_rows + w_k + channel[None, :], mask=c_out_ok[:, None], other=0.0)
         acc = conv_dot(x_tile, tl.trans(w_tile), acc, TF32)
-    if HAS_BIAS:
-        if tl.program_id(2) == 0:
-            acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[None, :]
+    acc = add_forward_bias(acc, bias, c_out, c_out_ok, HAS_BIAS)
     y_offset = (c_out.to(tl.int64) * ohw)[:, None] + (b.to(tl.int64) * C_OUT * ohw + q)[None, :]
-    y_ok = c_out_ok[:, None] & q_ok[None, :]
-    if SPLIT_K == 1:
-        tl.store(y + y_offset, tl.trans(acc).to(y.dtype.element_ty), mask=y_ok)
-    else:
-        split_first = tl.program_id(2).to(tl.int64) * B * C_OUT * ohw
-        tl.store(partial + split_first + y_offset, tl.trans(acc), mask=y_ok)
+    store_forward_tile(acc, y, partial, y_offset, c_out_ok[:, None] & q_ok[None, :], B, C_OUT, ohw, SPLIT_K)
 
 
 def conv2d_gemm_cl_dw_entry(k, a):
@@ -218,7 +238,7 @@ def conv2d_gemm_cl_dw(
 
 Conv2dGemmClForward = kernel_object(
     conv2d_gemm_cl_forward,
-    helpers=(conv_dot,),
+    helpers=(conv_dot, add_forward_bias, store_forward_tile),
     example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, False, 128, 64, 64, 128, 1),
     entry=conv2d_gemm_cl_forward_entry,
     pointer_dtypes={"partial": torch.float32},

@@ -5,16 +5,17 @@ box of the output, [BOX_B images, BOX_H rows, BOX_W columns], and its x tile for
 of the channels-last input shifted by the tap: one box of a 4-D tensor descriptor, copied by the TMA,
 whose zero fill outside the tensor is the convolution's zero padding (a box starting at row -1 reads
 zeros there) and also covers the ragged last boxes. The weight tile is a box of a 2-D descriptor.
-Measured on the H200 (B32, kernel alone, best config each): ResNet-50's 512-channel 7x7 layer 56.3 ->
-48.5 µs in TF32 and 34.1 -> 31.4 in bf16, the 256-channel 14x14 layer 52.8 -> 50.0 and 30.5 -> 29.7;
-on 28x28 and 56x56 planes the pointer kernel stayed faster with TF32 (52.5 against 55.6 µs at 128@28).
+Measured on the H200 (B32, kernel alone, best config each; the two kernels in two calls on one machine):
+ResNet-50's 512-channel 7x7 layer 56.3 -> 48.5 µs in TF32 and 34.1 -> 31.4 in bf16, the 256-channel 14x14
+layer 52.8 -> 50.0 and 30.5 -> 29.7; on 28x28 and 56x56 planes the pointer kernel stayed faster with TF32
+(52.5 against 55.6 µs at 128@28), not with TF32 off (BENCHMARKS.md, twelfth session).
 """
 import torch
 import triton
 import triton.language as tl
 
 from ..kernel import kernel_object
-from .checks import check_numel
+from .conv2d_gemm_channels_last import add_forward_bias, check_forward_k_slices, store_forward_tile
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
 from .tensor_core import conv_dot
@@ -31,15 +32,7 @@ def conv2d_tma_forward_entry(k, a):
     check_conv_launch(k, a, 1)
     check_tma_rows("C_IN", a.C_IN, a.x)
     check_tma_rows("KH*KW*C_IN", k.kh * k.kw * a.C_IN, a.w)
-    if a.C_IN % k.block_k:
-        raise ValueError(f"C_IN: expected a multiple of block_k = {k.block_k}, got {a.C_IN}")
-    steps = k.kh * k.kw * a.C_IN // k.block_k
-    if k.split_k > steps:
-        raise ValueError(f"split_k: expected at most the {steps} K-steps of block_k = {k.block_k}, got {k.split_k}")
-    if k.has_bias:
-        check_numel("bias", a.bias, a.C_OUT, "C_OUT")
-    if k.split_k > 1:
-        check_numel("partial", a.partial, k.split_k * a.B * a.C_OUT * a.OH * a.OW, "SPLIT_K*B*C_OUT*OH*OW")
+    check_forward_k_slices(k, a)
     use_torch_scratch()
     return check_grid_3d(cdiv(a.B, k.box_b) * cdiv(a.OH, k.box_h) * cdiv(a.OW, k.box_w),
                          cdiv(a.C_OUT, k.block_n), k.split_k)
@@ -103,9 +96,7 @@ def conv2d_tma_forward(
         acc = conv_dot(tl.reshape(x_box, [BLOCK_M, BLOCK_K]), tl.trans(w_tile), acc, TF32)
     c_out = n_first + tl.arange(0, BLOCK_N)
     c_out_ok = c_out < C_OUT
-    if HAS_BIAS:
-        if tl.program_id(2) == 0:
-            acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[None, :]
+    acc = add_forward_bias(acc, bias, c_out, c_out_ok, HAS_BIAS)
     row = tl.arange(0, BLOCK_M)
     b = b_first + row // (BOX_H * BOX_W)
     oh = oh_first + (row // BOX_W) % BOX_H
@@ -113,16 +104,12 @@ def conv2d_tma_forward(
     ohw = OH * OW
     y_offset = (c_out.to(tl.int64) * ohw)[:, None] + (b.to(tl.int64) * C_OUT * ohw + oh * OW + ow)[None, :]
     y_ok = c_out_ok[:, None] & ((b < B) & (oh < OH) & (ow < OW))[None, :]
-    if SPLIT_K == 1:
-        tl.store(y + y_offset, tl.trans(acc).to(y.dtype.element_ty), mask=y_ok)
-    else:
-        split_first = tl.program_id(2).to(tl.int64) * B * C_OUT * ohw
-        tl.store(partial + split_first + y_offset, tl.trans(acc), mask=y_ok)
+    store_forward_tile(acc, y, partial, y_offset, y_ok, B, C_OUT, ohw, SPLIT_K)
 
 
 Conv2dTmaForward = kernel_object(
     conv2d_tma_forward,
-    helpers=(conv_dot,),
+    helpers=(conv_dot, add_forward_bias, store_forward_tile),
     example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, False, 1, 8, 8, 128, 32, 1),
     entry=conv2d_tma_forward_entry,
     pointer_dtypes={"partial": torch.float32},
