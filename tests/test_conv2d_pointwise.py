@@ -24,12 +24,17 @@ TILINGS = {"k-slices": dict(block_m=16, block_n=16, block_k=16, m_tiles=0),
            "whole-k": dict(block_m=16, block_n=16, block_k=64, m_tiles=2)}
 
 
-@pytest.mark.parametrize("tiling", TILINGS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_pointwise_forward_dx_and_dw_over_ragged_tiles(dtype, tiling):
+def ragged_case(dtype):
+    """x, w, b, dy of the ragged sizes above and torch's float64 (y, dx, dw, dbias)."""
     x, w, b = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, 1, 1, dtype=dtype), randn(C_OUT, dtype=dtype)
     dy = randn(B, C_OUT, H, W, dtype=dtype)
-    y64, dx64, dw64, db64 = reference(x, w, b, dy)
+    return (x, w, b, dy), reference(x, w, b, dy)
+
+
+@pytest.mark.parametrize("tiling", TILINGS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_pointwise_forward_and_dx_over_ragged_tiles(dtype, tiling):
+    (x, w, b, dy), (y64, dx64, _, _) = ragged_case(dtype)
     tiles = TILINGS[tiling]
 
     y = poisoned(B, C_OUT, H, W, dtype=dtype)
@@ -40,9 +45,11 @@ def test_pointwise_forward_dx_and_dw_over_ragged_tiles(dtype, tiling):
     w_t = w.reshape(C_OUT, C_IN).t().contiguous()
     Conv2dPointwise(has_bias=False, tf32=False, **tiles, dtype=dtype).launch(dy, w_t, dx, dx, B, C_OUT, C_IN, H * W)
     assert_close(dx, dx64, dtype)
-    if tiling != "k-slices":
-        return  # dw has no tiling choice: the k-slices run checks it
 
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_pointwise_dw_over_ragged_tiles(dtype):
+    (x, _, _, dy), (_, _, dw64, db64) = ragged_case(dtype)
     split = 4  # 3 images x cdiv(35, 16) = 9 steps in 4 slices: the last slice is short
     partial = poisoned(split, C_OUT * C_IN + C_OUT, dtype=torch.float32)
     Conv2dPointwiseDw(has_bias=True, tf32=False, block_m=16, block_n=16, block_k=16, dtype=dtype).launch(
