@@ -499,25 +499,25 @@ def reduce_tile(positions: int, taps: int = 1) -> tuple[int, int, int]:
     return tap_block, _clamp_pow2(REDUCE_TILE // (tap_block * block), 1, 64), block
 
 
-def pointwise_candidates(c_out: int, c_in: int, pixels: int, dtype: torch.dtype) -> list[Config]:
+def pointwise_candidates(c_out: int, c_in: int, pixels: int, dtype: torch.dtype, tf32: bool) -> list[Config]:
     """Tiles of the 1x1 kernels (forward; dx swaps c_out and c_in): BLOCK_M channels x BLOCK_N
     pixels x BLOCK_K reduced channels. First guess: 128-pixel rows keep loads wide, K slices of
     128 bytes (64 bytes for fp32); the others vary the pixel tile, the warps and the pipeline. A
     tile's pixels are one image's, so planes under 128 pixels get rows of their own size (ResNet-50's
     7x7 layers ran at 0.43x cuDNN's speed on the H200 with 128-pixel rows, 49 of them used), and
-    wider channel tiles instead of the 256-pixel rows. For
-    fp32 also num_stages=1, which ran fastest when the pixel-contiguous x tile went to TF32 tensor
-    cores in 4-byte copies. With TF32, now three bf16 products from 16-byte copies, 64-channel tiles
-    4 stages deep ran fastest on the H200 (B32 @56: 256->64 52.2 µs, 53.5 at 3 stages, 68.1 unpipelined;
-    64->256 77.1, 80.5 on the 128-channel tile): fp32 tries those first. Where the reduction is at most
-    WHOLE_K_CHANNELS channels, a program loads it as one tile for all its output channels (`m_tiles`),
-    which goes first: on the H200 64->256 @56 took 56.2 µs with TF32 (29.3 in bf16) against the others'
-    best 76.3 (34.6), 64 -> 147 rows @112 124.4 (83.3) against 193.3 (131.2), 64 x 128 tiles, 4 warps,
-    unpipelined, the best of 16 such configs. The interpreter gets one program per image."""
+    wider channel tiles instead of the 256-pixel rows. For full fp32 (FMA products) also
+    num_stages=1, and the 64-channel tile 4 stages deep first (the order that served fp32 when the TF32
+    path also took these tiles). Where the reduction is at most WHOLE_K_CHANNELS channels, a program loads it as one
+    tile for all its output channels (`m_tiles`), which goes first: on the H200 64->256 @56 took 29.3
+    µs in bf16 against the others' best 34.6, 64 -> 147 rows @112 83.3 against 131.2. fp32 with TF32
+    (`tf32`, TF32 products from registers) has its own list, `_pointwise_tf32_candidates`. The
+    interpreter gets one program per image."""
     if INTERPRETED:
         block_m = _clamp_pow2(c_out, 16, 128)
         whole_k = -(-c_out // block_m) if c_in <= WHOLE_K_CHANNELS else 0
         return [Config(block_m, _clamp_pow2(pixels, 16, 4096), _clamp_pow2(c_in, 16, 128), 4, 1, m_tiles=whole_k)]
+    if dtype == torch.float32 and tf32:
+        return _pointwise_tf32_candidates(c_out, c_in, pixels)
     block_m = _clamp_pow2(c_out, 16, 128)
     block_k = _clamp_pow2(c_in, 16, 32 if dtype == torch.float32 else 64)
     warps = 8 if block_m >= 128 else 4
@@ -531,6 +531,27 @@ def pointwise_candidates(c_out: int, c_in: int, pixels: int, dtype: torch.dtype)
     if c_in <= WHOLE_K_CHANNELS:
         block_m = _clamp_pow2(c_out, 16, 64)
         configs.insert(0, Config(block_m, row, pow2_at_least(max(16, c_in)), 4, 1, m_tiles=-(-c_out // block_m)))
+    return list(dict.fromkeys(configs))
+
+
+def _pointwise_tf32_candidates(c_out: int, c_in: int, pixels: int) -> list[Config]:
+    """`pointwise_candidates` for fp32 with TF32: [pixels, channels] products whose register operand is the
+    x tile, 64 pixels first. On the H200 (B32; the best of 36 and of 18 configs): 256->64 @56 40.8 µs at 64
+    pixels, K slices of 64, 2 stages (41.2 with slices of 32, 41.9 at 4 stages, 42.0 at 128 pixels); over
+    a whole reduction of 64, 64->256 @56 46.5 at 64 pixels and 64 channels (48.0 at 128 pixels, 50.6 at
+    32 channels), 64 -> 147 rows @112 104.9 at 32 channels (107.7 at 64, 108.4 at 128 pixels)."""
+    row = _clamp_pow2(pixels, 16, 64)
+    wide_row = _clamp_pow2(pixels, 16, 128)
+    block_m = _clamp_pow2(c_out, 16, 64)
+    if c_in <= WHOLE_K_CHANNELS:
+        block_k = pow2_at_least(max(16, c_in))
+        narrow = _clamp_pow2(c_out, 16, 32)
+        configs = [Config(block_m, row, block_k, 4, 1, m_tiles=-(-c_out // block_m)),
+                   Config(narrow, row, block_k, 4, 1, m_tiles=-(-c_out // narrow)),
+                   Config(block_m, wide_row, block_k, 4, 1, m_tiles=-(-c_out // block_m))]
+    else:
+        configs = [Config(block_m, row, _clamp_pow2(c_in, 16, 64), 4, 2), Config(block_m, row, 32, 4, 4),
+                   Config(block_m, wide_row, 32, 4, 3), Config(_clamp_pow2(c_out, 16, 128), wide_row, 64, 8, 3)]
     return list(dict.fromkeys(configs))
 
 

@@ -3,12 +3,13 @@ exercised on the interpreter too, against PyTorch in float64."""
 import pytest
 import torch
 import torch.nn.functional as F
-from support import BF16X3_TOLERANCE, DTYPES, assert_close, dtype_id, poisoned, randn
+from support import CONV_TF32_TOLERANCE, DEVICE, DTYPES, assert_close, dtype_id, poisoned, randn
 
 from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce
 from nnkernels.ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw
 
 B, C_IN, C_OUT, H, W = 3, 40, 24, 5, 7  # no size a multiple of the 16-wide tiles
+INF, NAN = float("inf"), float("nan")
 
 
 def reference(x, w, b, dy):
@@ -62,20 +63,37 @@ def test_pointwise_dw_over_ragged_tiles(dtype):
 
 
 @pytest.mark.parametrize("tiling", TILINGS)
-def test_pointwise_fp32_with_tf32_takes_bf16x3_products(tiling):
-    """With TF32 allowed, fp32 goes through three bf16 products of split values (`bf16x3_dot`): the
-    forward and dx within BF16X3_TOLERANCE, far under TF32's error."""
+def test_pointwise_fp32_with_tf32_over_ragged_tiles(tiling):
+    """With TF32 allowed, fp32 runs TF32 products (`pointwise_tf32_product`): forward with bias and dx
+    within TF32's error."""
     x, w, b = randn(B, C_IN, H, W), randn(C_OUT, C_IN, 1, 1), randn(C_OUT)
     dy = randn(B, C_OUT, H, W)
     y64, dx64, _, _ = reference(x, w, b, dy)
     tiles = TILINGS[tiling]
     y = poisoned(B, C_OUT, H, W)
     Conv2dPointwise(has_bias=True, tf32=True, **tiles).launch(x, w, b, y, B, C_IN, C_OUT, H * W)
-    assert_close(y, y64, tol=BF16X3_TOLERANCE)
+    assert_close(y, y64, tol=CONV_TF32_TOLERANCE)
     dx = poisoned(B, C_IN, H, W)
     w_t = w.reshape(C_OUT, C_IN).t().contiguous()
     Conv2dPointwise(has_bias=False, tf32=True, **tiles).launch(dy, w_t, dx, dx, B, C_OUT, C_IN, H * W)
-    assert_close(dx, dx64, tol=BF16X3_TOLERANCE)
+    assert_close(dx, dx64, tol=CONV_TF32_TOLERANCE)
+
+
+@pytest.mark.parametrize("tiling", TILINGS)
+def test_pointwise_tf32_rounds_x_to_nearest(tiling):
+    """One product per pixel with w = 1 + 2^-10 (a TF32 value), so y shows exactly what x became: rounded
+    to TF32's 10 mantissa bits, to nearest with ties away from zero (truncation would give 1 for
+    1 + 3*2^-12), Inf and NaN kept."""
+    step = 2.0 ** -10  # TF32's spacing in [1, 2)
+    x = torch.tensor([1 + 0.75 * step, -(1 + 0.75 * step), 1 + 0.5 * step, 1 + 0.25 * step, INF, -INF, NAN],
+                     device=DEVICE).reshape(1, 1, 1, 7)
+    w = torch.full((1, 1), 1 + step, device=DEVICE)
+    y = poisoned(1, 1, 1, 7)
+    Conv2dPointwise(False, True, **TILINGS[tiling]).launch(x, w, y, y, 1, 1, 1, 7)
+    rounded_x = torch.tensor([1 + step, -(1 + step), 1 + step, 1.0, INF, -INF, NAN])
+    expected = (rounded_x * (1 + step)).reshape(1, 1, 1, 7)
+    assert torch.equal(y.cpu().isnan(), expected.isnan())
+    assert torch.equal(y.cpu().nan_to_num(), expected.nan_to_num())
 
 
 def test_pointwise_whole_k_refuses_a_longer_reduction():

@@ -441,7 +441,7 @@ class _Problem:
 
     def pointwise_candidates(self, for_dx=False):
         c_out, c_in = (self.C_IN, self.C_OUT) if for_dx else (self.C_OUT, self.C_IN)
-        return tuning.pointwise_candidates(c_out, c_in, self.OH * self.OW, self.dtype)
+        return tuning.pointwise_candidates(c_out, c_in, self.OH * self.OW, self.dtype, self.tf32)
 
     def pointwise_kernel(self, config, for_dx=False):
         constants = (self.has_bias and not for_dx, self.tf32, config.block_m, config.block_n, config.block_k,
@@ -458,7 +458,8 @@ class _Problem:
         return [(first, min(first + step, self.B)) for first in range(0, self.B, step)]
 
     def unfolded_dx_candidates(self):
-        return tuning.pointwise_candidates(self.unfolded_rows, self.C_OUT, self.OH * self.OW, self.dtype)
+        return tuning.pointwise_candidates(self.unfolded_rows, self.C_OUT, self.OH * self.OW, self.dtype,
+                                           self.tf32)
 
     def unfolded_dx_weight(self, weight):
         """dx's columns weight: w as [C_OUT, C_IN*KH*KW], transposed (tiny)."""

@@ -16,7 +16,7 @@ from .checks import check_grid, check_numel
 from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 from .conv2d_gemm_forward import check_grid_3d
 from .host_math import cdiv
-from .tensor_core import BF16X3_HELPERS, bf16_parts, bf16x3_dot, bf16x3_total, conv_dot
+from .tensor_core import conv_dot, tf32_rounded
 
 
 def conv2d_pointwise_fp32_out_entry(k, a):
@@ -40,10 +40,9 @@ def conv2d_pointwise_entry(k, a):
 @triton.jit
 def pointwise_product(
     x, w, bias, y, B, C_IN, C_OUT, HW,
-    HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """The body of `conv2d_pointwise` (see there), y stored in its own element type."""
+    """The body of `conv2d_pointwise` with M_TILES = 0 (see there), y stored in its own element type."""
     pixel_tiles = tl.cdiv(HW, BLOCK_N)
     b = tl.program_id(0) // pixel_tiles
     pid_n = tl.program_id(0) % pixel_tiles
@@ -57,19 +56,13 @@ def pointwise_product(
     x_tile_ptr = x + b.to(tl.int64) * C_IN * HW + k[:, None].to(tl.int64) * HW + pixel[None, :]
     w_tile_ptr = w + c_out[:, None].to(tl.int64) * C_IN + k[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    cross = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # bf16x3's low-part products (fp32, TF32)
     for k_first in range(0, C_IN, BLOCK_K):
         k_ok = (k_first + k) < C_IN
         x_tile = tl.load(x_tile_ptr, mask=k_ok[:, None] & pixel_ok[None, :], other=0.0)
         w_tile = tl.load(w_tile_ptr, mask=c_out_ok[:, None] & k_ok[None, :], other=0.0)
-        if TF32:
-            acc, cross = bf16x3_dot(w_tile, x_tile, acc, cross)
-        else:
-            acc = tl.dot(w_tile, x_tile, acc, input_precision="ieee")
+        acc = tl.dot(w_tile, x_tile, acc, input_precision="ieee")
         x_tile_ptr += BLOCK_K * HW
         w_tile_ptr += BLOCK_K
-    if TF32:
-        acc = bf16x3_total(acc, cross, x.dtype.element_ty)
     if HAS_BIAS:
         acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[:, None]
     y_tile_ptr = y + (b.to(tl.int64) * C_OUT + c_out[:, None]) * HW + pixel[None, :]
@@ -79,11 +72,11 @@ def pointwise_product(
 @triton.jit
 def pointwise_whole_k_product(
     x, w, bias, y, B, C_IN, C_OUT, HW,
-    HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M_TILES: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    M_TILES: tl.constexpr,
 ):
     """The body of `conv2d_pointwise` with M_TILES > 0 (C_IN <= BLOCK_K): the x tile, the whole reduction,
-    is loaded (and split for bf16x3) once and serves M_TILES channel tiles in turn."""
+    is loaded once and serves M_TILES channel tiles in turn."""
     pixel_tiles = tl.cdiv(HW, BLOCK_N)
     b = tl.program_id(0) // pixel_tiles
     pixel = (tl.program_id(0) % pixel_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -93,28 +86,63 @@ def pointwise_whole_k_product(
     k_ok = k < C_IN
     x_tile = tl.load(x + b.to(tl.int64) * C_IN * HW + k[:, None].to(tl.int64) * HW + pixel[None, :],
                      mask=k_ok[:, None] & pixel_ok[None, :], other=0.0)
-    if TF32 and x_tile.dtype == tl.float32:  # bf16x3's parts of the x tile, made once
-        x_hi, x_lo = bf16_parts(x_tile)
-    else:
-        x_hi, x_lo = x_tile, x_tile
     m_begin = tl.program_id(1) * (BLOCK_M * M_TILES)
     for m_first in range(m_begin, tl.minimum(m_begin + BLOCK_M * M_TILES, C_OUT), BLOCK_M):
         c_out = m_first + tl.arange(0, BLOCK_M)
         c_out_ok = c_out < C_OUT
         w_tile = tl.load(w + c_out[:, None].to(tl.int64) * C_IN + k[None, :], mask=c_out_ok[:, None] & k_ok[None, :],
                          other=0.0)
-        if TF32 and x_tile.dtype == tl.float32:
-            w_hi, w_lo = bf16_parts(w_tile)
-            cross = tl.dot(w_lo, x_hi, tl.dot(w_hi, x_lo))
-            acc = bf16x3_total(tl.dot(w_hi, x_hi), cross, tl.float32)
-        elif TF32:
-            acc = tl.dot(w_tile, x_tile)
-        else:
-            acc = tl.dot(w_tile, x_tile, input_precision="ieee")
+        acc = tl.dot(w_tile, x_tile, input_precision="ieee")
         if HAS_BIAS:
             acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[:, None]
         tl.store(y + (b.to(tl.int64) * C_OUT + c_out[:, None]) * HW + pixel[None, :], acc.to(y.dtype.element_ty),
                  mask=c_out_ok[:, None] & pixel_ok[None, :])
+
+
+@triton.jit
+def pointwise_tf32_product(
+    x, w, bias, y, B, C_IN, C_OUT, HW,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    M_TILES: tl.constexpr,
+):
+    """The body of `conv2d_pointwise` for fp32 x with TF32, in either tiling: the same sums transposed,
+    y[b]^T = x[b]^T @ w^T, so that the x tile ([BLOCK_N pixels, BLOCK_K], pixels contiguous), rounded by
+    `tf32_rounded`, is the product's register operand and the w^T tile the K-major one, which the tensor
+    cores read from shared memory and truncate to TF32 (rounding it too cost 40.6 -> 49.7 µs on the H200,
+    B32 256->64 @56, for an error of 2.9e-4 instead of 4.6e-4 of the norm)."""
+    pixel_tiles = tl.cdiv(HW, BLOCK_N)
+    b = tl.program_id(0) // pixel_tiles
+    pixel = (tl.program_id(0) % pixel_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pixel = tl.max_contiguous(tl.multiple_of(pixel, BLOCK_N), BLOCK_N)
+    pixel_ok = pixel < HW
+    k = tl.arange(0, BLOCK_K)
+    x_tile_ptr = x + b.to(tl.int64) * C_IN * HW + k[None, :].to(tl.int64) * HW + pixel[:, None]
+    if M_TILES == 0:
+        m_begin = tl.program_id(1) * BLOCK_M
+        m_end = m_begin + 1
+    else:
+        m_begin = tl.program_id(1) * (BLOCK_M * M_TILES)
+        m_end = tl.minimum(m_begin + BLOCK_M * M_TILES, C_OUT)
+        x_tile = tf32_rounded(tl.load(x_tile_ptr, mask=pixel_ok[:, None] & (k < C_IN)[None, :], other=0.0))
+    for m_first in range(m_begin, m_end, BLOCK_M):
+        c_out = m_first + tl.arange(0, BLOCK_M)
+        c_out_ok = c_out < C_OUT
+        w_tile_ptr = w + c_out[None, :].to(tl.int64) * C_IN + k[:, None]
+        if M_TILES == 0:
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for k_first in range(0, C_IN, BLOCK_K):
+                k_ok = (k_first + k) < C_IN
+                x_slice = tf32_rounded(tl.load(x_tile_ptr + k_first * HW, mask=pixel_ok[:, None] & k_ok[None, :],
+                                               other=0.0))
+                w_tile = tl.load(w_tile_ptr + k_first, mask=k_ok[:, None] & c_out_ok[None, :], other=0.0)
+                acc = tl.dot(x_slice, w_tile, acc, input_precision="tf32")
+        else:
+            w_tile = tl.load(w_tile_ptr, mask=(k < C_IN)[:, None] & c_out_ok[None, :], other=0.0)
+            acc = tl.dot(x_tile, w_tile, input_precision="tf32")
+        if HAS_BIAS:
+            acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(y + (b.to(tl.int64) * C_OUT + c_out[None, :]) * HW + pixel[:, None], acc.to(y.dtype.element_ty),
+                 mask=pixel_ok[:, None] & c_out_ok[None, :])
 
 
 @triton.jit
@@ -132,18 +160,19 @@ def conv2d_pointwise(
         y[b, c_out, p] = bias[c_out] + sum over c_in of w[c_out, c_in] * x[b, c_in, p].
     M_TILES = 0: one channel tile, the sum over C_IN in BLOCK_K slices. M_TILES > 0 (C_IN <= BLOCK_K): the
     x tile holds the whole sum and is loaded once for the T tiles (dx of a 1x1 layer, whose reduction is
-    its C_OUT: on the H200, B32 64 -> 256 @56, 76.3 -> 56.2 µs with TF32, 34.6 -> 29.3 in bf16).
-    Sums accumulated in fp32, y rounded once: on bf16 tensor cores,
-    fp32 as `bf16x3_dot` when TF32 (the x tile runs along pixels, not the reduced channels, which
-    TF32 tensor cores cannot read as it is); fp32 otherwise in FMA products, not `conv_dot`'s tf32x3
-    (on the H200, B32 256->64 @56 took 99 µs with FMA products and 180 µs with tf32x3; 64->256, 107
-    and 142). Every element of y is written; bias is read only when HAS_BIAS.
+    its C_OUT: on the H200, B32 64 -> 256 @56, 34.6 -> 29.3 µs in bf16).
+    Sums accumulated in fp32, y rounded once; fp32 with TF32 in TF32 products (`pointwise_tf32_product`: x
+    rounded to nearest, w truncated), fp32 otherwise in FMA products, not `conv_dot`'s
+    tf32x3 (on the H200, B32 256->64 @56 took 99 µs with FMA products and 180 µs with tf32x3; 64->256,
+    107 and 142). Every element of y is written; bias is read only when HAS_BIAS.
     Called with w transposed ([C_IN, C_OUT] of the forward) and dy for x, it computes dx.
     """
-    if M_TILES == 0:
-        pointwise_product(x, w, bias, y, B, C_IN, C_OUT, HW, HAS_BIAS, TF32, BLOCK_M, BLOCK_N, BLOCK_K)
+    if TF32 and x.dtype.element_ty == tl.float32:
+        pointwise_tf32_product(x, w, bias, y, B, C_IN, C_OUT, HW, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, M_TILES)
+    elif M_TILES == 0:
+        pointwise_product(x, w, bias, y, B, C_IN, C_OUT, HW, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
-        pointwise_whole_k_product(x, w, bias, y, B, C_IN, C_OUT, HW, HAS_BIAS, TF32, BLOCK_M, BLOCK_N, BLOCK_K, M_TILES)
+        pointwise_whole_k_product(x, w, bias, y, B, C_IN, C_OUT, HW, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, M_TILES)
 
 
 @triton.jit
@@ -155,18 +184,14 @@ def conv2d_pointwise_fp32_out(
 
     Grid, programs and products as conv2d_pointwise's. nnkernels.conv2d's dx of a convolution with few
     input channels runs it on dy with w^T ([C_IN*KH*KW, C_OUT]) for the columns that `Fold2d` sums, so
-    that dx is rounded once (the stem, 64 -> 147 rows @112, B32: 193.3 -> 124.4 µs with TF32 at M_TILES = 3,
-    131.2 -> 83.3 in bf16).
+    that dx is rounded once (the stem, 64 -> 147 rows @112, B32: 131.2 -> 83.3 µs in bf16 at M_TILES = 3).
     """
-    if M_TILES == 0:
-        pointwise_product(x, w, y, y, B, C_IN, C_OUT, HW, False, TF32, BLOCK_M, BLOCK_N, BLOCK_K)
-    else:
-        pointwise_whole_k_product(x, w, y, y, B, C_IN, C_OUT, HW, False, TF32, BLOCK_M, BLOCK_N, BLOCK_K, M_TILES)
+    conv2d_pointwise(x, w, y, y, B, C_IN, C_OUT, HW, False, TF32, BLOCK_M, BLOCK_N, BLOCK_K, M_TILES)
 
 
 Conv2dPointwise = kernel_object(
     conv2d_pointwise,
-    helpers=(pointwise_product, pointwise_whole_k_product, *BF16X3_HELPERS),
+    helpers=(pointwise_product, pointwise_whole_k_product, pointwise_tf32_product, tf32_rounded),
     example=(False, True, 64, 128, 32, 0),
     entry=conv2d_pointwise_entry,
     nonnegative=("M_TILES",),
@@ -176,7 +201,7 @@ Conv2dPointwise = kernel_object(
 )
 Conv2dPointwiseFp32Out = kernel_object(
     conv2d_pointwise_fp32_out,
-    helpers=(pointwise_product, pointwise_whole_k_product, *BF16X3_HELPERS),
+    helpers=(conv2d_pointwise, pointwise_product, pointwise_whole_k_product, pointwise_tf32_product, tf32_rounded),
     example=(True, 64, 128, 64, 3),
     entry=conv2d_pointwise_fp32_out_entry,
     nonnegative=("M_TILES",),
