@@ -14,6 +14,7 @@ written channels-last, then transposed; at stride 1 on Hopper and later the forw
 tuning's first guess on planes of at most 256 pixels, and dw from TMA boxes, but in fp32 on planes of at
 most 256 pixels (4096 with TF32 off) as one 1x1 product of the input unfolded rows-outer), straight from
 NCHW else.
+On the GPU the backward runs dw (and its reduce) on a side stream beside dx (`streams.side_by_side`).
 Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a call uses,
 and every launch is logged at DEBUG level on the "nnkernels" logger.
 """
@@ -41,6 +42,7 @@ from ..ops.layout import ChannelsLastCopy
 from ..ops.subsample import Subsample2dBackward, Subsample2dForward
 from ..ops.unfold import Fold2d, Unfold2d
 from .layout import channels_first, channels_last, subsample, subsample_backward
+from .streams import side_by_side
 from .unfold import fold_into, fold_kernel, unfold, unfold_kernel
 
 # The kernel classes this op launches (what `nnkernels list` shows against conv2d).
@@ -876,12 +878,20 @@ def _backward(grad_y, x, weight, stride, padding, dilation, groups, need_dx, nee
     needs_cl = (need_dx and problem.dx_channels_last) or (
         (need_dw or need_dbias) and problem.channels_last and not problem.pointwise and not problem.unfolded_dw)
     grad_y_cl = channels_last(grad_y) if needs_cl else None
-    dx = _dx(grad_y, weight, problem, x.device, grad_y_cl) if need_dx else x.new_empty(0)
-    dw, dbias = x.new_empty(0), x.new_empty(0)
-    if need_dw or need_dbias:
-        dw, dbias = _dw_dbias(grad_y, x, problem, need_dbias, grad_y_cl)
-        dw = dw if need_dw else x.new_empty(0)
-    return dx, dw, dbias
+
+    def dx_work():
+        return _dx(grad_y, weight, problem, x.device, grad_y_cl)
+
+    def dw_work():
+        return _dw_dbias(grad_y, x, problem, need_dbias, grad_y_cl)
+
+    if need_dx and (need_dw or need_dbias):
+        dx, (dw, dbias) = side_by_side(x.device, dx_work, dw_work)
+    elif need_dx:
+        dx, dw, dbias = dx_work(), x.new_empty(0), x.new_empty(0)
+    else:
+        dx, (dw, dbias) = x.new_empty(0), dw_work()
+    return dx, dw if need_dw else x.new_empty(0), dbias
 
 
 @conv2d_backward_op.register_fake

@@ -1,0 +1,50 @@
+"""`side_by_side(device, main_work, side_work)`: two independent pieces of an op's work at once, the second
+on a side stream forked from the current stream and joined back to it.
+
+A convolution's backward is two independent products, dx and dw (with its ordered reduce). Several of
+them leave the GPU partly idle (memory-bound 1x1 products at a quarter of the copy rate, grids whose
+last wave fills few SMs), so running dw beside dx overlaps the two; the kernels and their results are
+the same, bit for bit. On the H200 (B32, backward, CUDA-graph replay, same process): bf16 1x1 256->64
+@56 62.8 -> 52.7 µs, TF32 97.6 -> 81.4; bf16 512@7 80.9 -> 73.8; the stem 278.0 -> 257.8 (bf16) and
+374.3 -> 353.8 (TF32); bf16 128@28 lost, 76.1 -> 81.5 (BENCHMARKS.md, thirteenth session).
+
+Ordering is that of one stream: the side stream waits for everything queued on the current stream
+before the fork, and the current stream waits for the side stream before anything queued after the
+join, so callers, CUDA-graph capture (the fork and the join are captured as graph edges) and
+`torch.compile` see one stream. Tensors the side work returns were allocated on the side stream and
+are recorded on the current one, so the caching allocator does not hand their memory out again
+before the current stream is done with them.
+"""
+import threading
+
+import torch
+
+_side_streams: dict[int, torch.cuda.Stream] = {}
+_lock = threading.Lock()
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per GPU, made on first use."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _lock:
+        if index not in _side_streams:
+            _side_streams[index] = torch.cuda.Stream(device=index)
+        return _side_streams[index]
+
+
+def side_by_side(device: torch.device, main_work, side_work):
+    """(main_work(), side_work()): on a CUDA `device`, side_work's kernels on the side stream, main_work's on
+    the current stream, both after the current stream's earlier work and before its later work; elsewhere
+    one after the other. side_work returns a tuple of tensors."""
+    if device.type != "cuda":
+        return main_work(), side_work()
+    main = torch.cuda.current_stream(device)
+    side = _side_stream(device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        side_result = side_work()
+    main_result = main_work()
+    main.wait_stream(side)
+    for tensor in side_result:
+        tensor.record_stream(main)
+    return main_result, side_result
