@@ -38,19 +38,23 @@ def conv2d_pointwise_entry(k, a):
 
 
 @triton.jit
+def image_pixel_tile(HW, BLOCK_N: tl.constexpr):
+    """(b, pixel, pixel_ok) of the 1x1 products' axis 0, b * cdiv(HW, BLOCK_N) + tile: the image and the
+    BLOCK_N consecutive pixels of its tile (the compiler told they are), those inside the plane."""
+    pixel_tiles = tl.cdiv(HW, BLOCK_N)
+    pixel = (tl.program_id(0) % pixel_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pixel = tl.max_contiguous(tl.multiple_of(pixel, BLOCK_N), BLOCK_N)
+    return tl.program_id(0) // pixel_tiles, pixel, pixel < HW
+
+
+@triton.jit
 def pointwise_product(
     x, w, bias, y, B, C_IN, C_OUT, HW,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """The body of `conv2d_pointwise` with M_TILES = 0 (see there), y stored in its own element type."""
-    pixel_tiles = tl.cdiv(HW, BLOCK_N)
-    b = tl.program_id(0) // pixel_tiles
-    pid_n = tl.program_id(0) % pixel_tiles
-    pid_m = tl.program_id(1)
-    pixel = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    pixel = tl.max_contiguous(tl.multiple_of(pixel, BLOCK_N), BLOCK_N)
-    pixel_ok = pixel < HW
-    c_out = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    b, pixel, pixel_ok = image_pixel_tile(HW, BLOCK_N)
+    c_out = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     c_out_ok = c_out < C_OUT
     k = tl.arange(0, BLOCK_K)
     x_tile_ptr = x + b.to(tl.int64) * C_IN * HW + k[:, None].to(tl.int64) * HW + pixel[None, :]
@@ -77,11 +81,7 @@ def pointwise_whole_k_product(
 ):
     """The body of `conv2d_pointwise` with M_TILES > 0 (C_IN <= BLOCK_K): the x tile, the whole reduction,
     is loaded once and serves M_TILES channel tiles in turn."""
-    pixel_tiles = tl.cdiv(HW, BLOCK_N)
-    b = tl.program_id(0) // pixel_tiles
-    pixel = (tl.program_id(0) % pixel_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
-    pixel = tl.max_contiguous(tl.multiple_of(pixel, BLOCK_N), BLOCK_N)
-    pixel_ok = pixel < HW
+    b, pixel, pixel_ok = image_pixel_tile(HW, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
     k_ok = k < C_IN
     x_tile = tl.load(x + b.to(tl.int64) * C_IN * HW + k[:, None].to(tl.int64) * HW + pixel[None, :],
@@ -110,11 +110,7 @@ def pointwise_tf32_product(
     `tf32_rounded`, is the product's register operand and the w^T tile the K-major one, which the tensor
     cores read from shared memory and truncate to TF32 (rounding it too cost 40.6 -> 49.7 µs on the H200,
     B32 256->64 @56, for an error of 2.9e-4 instead of 4.6e-4 of the norm)."""
-    pixel_tiles = tl.cdiv(HW, BLOCK_N)
-    b = tl.program_id(0) // pixel_tiles
-    pixel = (tl.program_id(0) % pixel_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
-    pixel = tl.max_contiguous(tl.multiple_of(pixel, BLOCK_N), BLOCK_N)
-    pixel_ok = pixel < HW
+    b, pixel, pixel_ok = image_pixel_tile(HW, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
     x_tile_ptr = x + b.to(tl.int64) * C_IN * HW + k[None, :].to(tl.int64) * HW + pixel[:, None]
     if M_TILES == 0:
@@ -191,7 +187,7 @@ def conv2d_pointwise_fp32_out(
 
 Conv2dPointwise = kernel_object(
     conv2d_pointwise,
-    helpers=(pointwise_product, pointwise_whole_k_product, pointwise_tf32_product, tf32_rounded),
+    helpers=(image_pixel_tile, pointwise_product, pointwise_whole_k_product, pointwise_tf32_product, tf32_rounded),
     example=(False, True, 64, 128, 32, 0),
     entry=conv2d_pointwise_entry,
     nonnegative=("M_TILES",),
@@ -201,7 +197,8 @@ Conv2dPointwise = kernel_object(
 )
 Conv2dPointwiseFp32Out = kernel_object(
     conv2d_pointwise_fp32_out,
-    helpers=(conv2d_pointwise, pointwise_product, pointwise_whole_k_product, pointwise_tf32_product, tf32_rounded),
+    helpers=(conv2d_pointwise, image_pixel_tile, pointwise_product, pointwise_whole_k_product, pointwise_tf32_product,
+             tf32_rounded),
     example=(True, 64, 128, 64, 3),
     entry=conv2d_pointwise_fp32_out_entry,
     nonnegative=("M_TILES",),
