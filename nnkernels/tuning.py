@@ -229,6 +229,31 @@ def gemm_candidates(m: int, n: int, k: int, dtype: torch.dtype) -> list[Config]:
     return list(dict.fromkeys(configs))
 
 
+def rows_forward_candidates(ow: int, c_out: int, kw: int, dtype: torch.dtype) -> list[Config]:
+    """Configs for `Conv2dRowsForward`: block_m columns of one output row, block_n output channels, K slices
+    (block_k) of whole input rows, each `pow2_at_least(kw)` taps wide.
+
+    Interpreter: the whole row and all channels in one program. GPU: the order is what tuning found on the
+    H200 for the stem (B32 3->64 7x7 s2 @224, µs): 16-bit, 64 columns, two rows a slice, 4 warps, 2 stages
+    124.5, a 128-column tile with four rows 125.9 (the general kernel's best 163.6); full fp32 (three TF32
+    products, more registers), 64 columns with 2 warps 346.4, eight rows a slice at 4 warps 366.9, where
+    4-warp tiles of 128 columns took 463 to 834 (the general kernel's best 414.0)."""
+    span = pow2_at_least(kw)
+    block_n = _clamp_pow2(c_out, 16, 128)
+    rows2, rows4, rows8 = (max(k, span) for k in (16, 32, 64))
+    if INTERPRETED:
+        return [Config(_clamp_pow2(ow, 16, 1024), block_n, rows2, 4, 1)]
+    wide = _clamp_pow2(ow, 16, 128)
+    half = max(16, wide // 2)
+    if dtype == torch.float32:
+        configs = [Config(half, block_n, rows2, 2, 3), Config(half, block_n, rows8, 4, 3),
+                   Config(half, block_n, rows2, 2, 2), Config(wide, block_n, rows2, 4, 4)]
+    else:
+        configs = [Config(half, block_n, rows2, 4, 2), Config(wide, block_n, rows4, 4, 3),
+                   Config(wide, block_n, rows2, 4, 4), Config(half, block_n, rows2, 2, 3)]
+    return list(dict.fromkeys(configs))
+
+
 def dw_candidates(m: int, n: int, pixels: int, groups: int, dtype: torch.dtype) -> list[Config]:
     """Configs for the weight gradient: M = C_OUT/G, N = (C_IN/G)*KH*KW, K = pixels, split over K.
 

@@ -158,10 +158,13 @@ def test_kernels_for_names_the_choice():
                                                "conv2d_dw_reduce"]
     assert all("__bf16__" in k for k in gemm)
     # At most 4 input channels and 32x32 outputs or more (the RGB stem), the backward: 1x1 products of the
-    # unfolded input, dx folded from fp32 columns; the 6x6 planes above keep the implicit GEMM.
+    # unfolded input, dx folded from fp32 columns; the 6x6 planes above keep the implicit GEMM. The forward
+    # runs a row per program on the GPU except in TF32, the general kernel's few large programs in the interpreter.
     unfolded = kernels_for((2, 3, 64, 64), (16, 3, 7, 7), stride=2, padding=3)
     assert [k.split("__")[0] for k in unfolded] == ["conv2d_gemm_forward", "conv2d_pointwise_fp32_out", "fold2d",
                                                    "unfold2d", "conv2d_pointwise_dw", "conv2d_dw_reduce"]
+    rows = kernels_for((2, 3, 64, 64), (16, 3, 7, 7), stride=2, padding=3, dtype=torch.bfloat16, backward=False)
+    assert rows[0].startswith("conv2d_gemm_forward" if INTERPRETED else "conv2d_rows_forward")
     # Stride 1 and channels multiples of 16: dx is the forward kernel run on dy with the flipped weight,
     # unless the padding reaches past the kernel (then no forward convolution is dx). On planes of at most
     # 256 pixels the forward's first guess is the TMA boxes' kernel, on larger ones and strided the pointer one.
@@ -181,7 +184,7 @@ def test_kernels_for_names_the_choice():
     with torch.backends.cudnn.flags(allow_tf32=False):  # full fp32 takes the rows-outer dw up to 4096 pixels
         assert kernels_for((2, 16, 17, 16), (32, 16, 3, 3), padding=1)[-4].startswith("unfold2d")
         assert kernels_for((2, 16, 65, 64), (32, 16, 3, 3), padding=1)[-2].startswith("conv2d_tma_dw")
-    assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm + unfolded + rows_outer
+    assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm + unfolded + rows + rows_outer
                                              + forward_as_dx + larger}
 
 

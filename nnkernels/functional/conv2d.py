@@ -5,9 +5,9 @@ one opaque op each: `nnkernels::conv2d` (forward) and `nnkernels::conv2d_backwar
 dbias, each only when asked). Per shape the op picks its kernels from the catalogue: the
 direct depthwise kernels when groups == C_IN == C_OUT, a per-image matrix product for unpadded
 1x1 convolutions (of the subsampled input when strided), the implicit-GEMM tensor-core kernels
-otherwise, except for the backward of one-group convolutions with at most 4 input channels and large
-output planes (the RGB stem): 1x1 products of the unfolded input (im2col) for dw, and for dx 1x1
-products folded back from fp32 columns. The implicit-GEMM kernels run on channels-last copies
+otherwise, except for one-group convolutions with at most 4 input channels and large output planes (the
+RGB stem): their forward one output row per program on the GPU (16-bit and full fp32), their backward
+1x1 products of the unfolded input (im2col) for dw, and for dx 1x1 products folded back from fp32 columns. The implicit-GEMM kernels run on channels-last copies
 (vector loads) when groups == 1 and the channel counts are multiples of 16 (for dx only C_OUT must
 be; a stride-1 dx is the forward kernel run on dy with the transposed weight, a strided one is
 written channels-last, then transposed; at stride 1 on Hopper and later the forward also from TMA boxes,
@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .. import tuning
+from ..kernel import INTERPRETED
 from ..ops.conv2d_gemm_channels_last import Conv2dGemmClDw, Conv2dGemmClForward
 from ..ops.conv2d_gemm_channels_last_dx import Conv2dGemmClDx
 from ..ops.conv2d_depthwise import (Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward,
@@ -36,6 +37,7 @@ from ..ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw, dw_partial_size
 from ..ops.conv2d_gemm_dx import Conv2dGemmDx
 from ..ops.conv2d_gemm_forward import Conv2dGemmForward
 from ..ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw, Conv2dPointwiseFp32Out
+from ..ops.conv2d_rows_forward import Conv2dRowsForward
 from ..ops.conv2d_tma_dw import Conv2dTmaDw
 from ..ops.conv2d_tma_forward import Conv2dTmaForward
 from ..ops.layout import ChannelsLastCopy
@@ -57,6 +59,7 @@ KERNELS = (
     Conv2dGemmClDx,
     Conv2dGemmClDw,
     Conv2dTmaDw,
+    Conv2dRowsForward,
     Conv2dGemmForward,
     Conv2dGemmDx,
     Conv2dGemmDw,
@@ -248,11 +251,18 @@ class _Problem:
         self.subsampled = self.pointwise and self.stride != (1, 1)
         # With few input channels the implicit GEMM's C_IN tile is mostly padding: the backward runs as
         # 1x1 products over the C_IN*KH*KW rows of the unfolded input (see ops/unfold.py). The forward
-        # keeps the implicit GEMM, faster there on the H200 (stem, B32: bf16 163 µs against 335, TF32
-        # 150 against 406, full fp32 414 against 524).
+        # does not unfold: the implicit GEMM was faster on the H200 (stem, B32: bf16 163 µs against 335,
+        # TF32 150 against 406, full fp32 414 against 524).
         self.unfolded = (groups == 1 and self.C_IN <= UNFOLD_MAX_CHANNELS and not self.pointwise
                          and not self.depthwise and self.OH * self.OW >= UNFOLD_MIN_PIXELS)
         self.unfolded_rows = self.C_IN * self.KH * self.KW
+        # On the GPU the same few-channel convolutions run their forward one output row per program
+        # (`Conv2dRowsForward`): on the H200 (stem, B32, best tiles, same run) bf16 163.6 -> 124.5 µs, full
+        # fp32 414.0 -> 346.4; with TF32 the general kernel stays, 148.4 against 160.7. The interpreter pays per
+        # program, and those are B*OH: it keeps the general kernel's few large ones (bf16 8x3x64x64 7x7 s2
+        # here: 23 s a forward against 0.15 s).
+        tf32_products = dtype == torch.float32 and _tf32(dtype)
+        self.rows_forward = self.unfolded and not tf32_products and not INTERPRETED
         self.channels_last = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
                               and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
         # The fp32 weight gradient of small planes (larger ones with TF32 off), where the TMA dw would run
@@ -376,6 +386,8 @@ class _Problem:
         return _kernel(Conv2dGemmClDw, constants, self.dtype, config.num_warps, config.num_stages)
 
     def forward_candidates(self):
+        if self.rows_forward:
+            return tuning.rows_forward_candidates(self.OW, self.C_OUT, self.KW, self.dtype)
         return tuning.gemm_candidates(self.B * self.OH * self.OW, self.C_OUT // self.groups,
                                       self.cin_per_group * self.KH * self.KW, self.dtype)
 
@@ -419,6 +431,10 @@ class _Problem:
         return self._depthwise_kernel(Conv2dDepthwiseDw, (with_bias, taps), tile, self._gather_columns(tile))
 
     def forward_kernel(self, config):
+        if self.rows_forward:
+            constants = self.geometry + (self.has_bias, self.tf32, config.block_m, config.block_n, config.block_k,
+                                         tuning.pow2_at_least(self.KW))
+            return _kernel(Conv2dRowsForward, constants, self.dtype, config.num_warps, config.num_stages)
         constants = self.geometry + (self.groups, self.has_bias, self.tf32, config.block_m, config.block_n,
                                      config.block_k)
         return _kernel(Conv2dGemmForward, constants, self.dtype, config.num_warps, config.num_stages)
