@@ -65,3 +65,29 @@ def test_rows_forward_rejects_bad_tiles():
     with pytest.raises(ValueError, match="block_k"):
         Conv2dRowsForward(3, 5, 1, 1, 1, 2, 1, 1, False, False, 16, 16, 20, 8).launch(x, w, y, y, 1, 3, 4, 8, 8, 8, 8)
     assert torch.isnan(y).all()
+
+
+@pytest.mark.parametrize("dtype, tf32", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)],
+                         ids=["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "mixed"], ids=["nan", "inf", "inf-and--inf"])
+def test_rows_forward_special_values_like_float64(value, dtype, tf32):
+    """NaN and Inf in x reach exactly the outputs whose windows cover them (full fp32's tf32x3 splits an Inf
+    into a NaN remainder, which must not leak; padded taps and rows must not read them)."""
+    B, C_IN, C_OUT, H, W = 1, 3, 16, 13, 15
+    x = randn(B, C_IN, H, W, dtype=dtype)
+    for (c, h, w), v in zip([(0, 0, 0), (1, 6, 14), (2, 12, 7)],
+                            [value] * 3 if value != "mixed" else [float("inf"), float("-inf"), float("inf")]):
+        x[0, c, h, w] = v
+    w = randn(C_OUT, C_IN, 7, 7, dtype=dtype)
+    ref = torch.nn.functional.conv2d(x.double().cpu(), w.double().cpu(), None, 2, 3)
+    y = poisoned(*ref.shape, dtype=dtype)
+    Conv2dRowsForward(7, 7, 2, 2, 3, 3, 1, 1, False, tf32, 16, 16, 16, 8, dtype=dtype).launch(
+        x, w, y, y, B, C_IN, C_OUT, H, W, *ref.shape[2:])
+    out = y.double().cpu()
+    for name, kind in (("NaN", torch.isnan), ("+Inf", lambda t: t == float("inf")),
+                       ("-Inf", lambda t: t == float("-inf"))):
+        assert torch.equal(kind(out), kind(ref)), f"{name} at {int(kind(out).sum())} positions, float64 at " \
+                                                  f"{int(kind(ref).sum())}"
+    finite = torch.isfinite(ref)
+    assert finite.any() and not finite.all()
+    assert_close(out[finite], ref[finite], dtype, tol=CONV_TF32_TOLERANCE if tf32 else None)
