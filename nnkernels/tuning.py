@@ -62,6 +62,7 @@ class Config:
     taps: int = 1  # taps per program, for kernels that reuse one tile for several
     tma: bool = False  # the channels-last forward's tiles as TMA boxes (`Conv2dTmaForward`)
     m_tiles: int = 0  # the 1x1 kernels' channel tiles per program over one whole-reduction x tile (0: K in slices)
+    image_pixels: int = 0  # the channels-last forward's pixels of one image per tile (0: `image_tile`'s choice)
 
 
 def mode() -> str:
@@ -348,6 +349,11 @@ def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: in
     (the forward's KH*KW; its K is taps*c_in), a tile set with fewer programs than SMs is also
     offered split over K (`split`: 2 to 4 slices, so about two programs per SM run), right after
     itself: ResNet-50's 512-channel 7x7 layer has 52 tiles of 128 x 128 for 132 SMs.
+    The forward on planes of more than TMA_FORWARD_FIRST_PIXELS pixels tries first 64-pixel tiles of several
+    images (`image_pixels` = 16 or 32 pixels of each, dividing the plane): no ragged tiles, and on 28x28 planes 392
+    programs for 132 SMs where 128-pixel tiles of one image make 224 (7 per image, the last 16 pixels full).
+    On the H200 (B32, kernel alone, µs, same run): 128@28 TF32 56.2 -> 39.9, bf16 33.5 -> 24.8; 64@56 (32
+    pixels of 2 images) TF32 56.6 -> 53.9, bf16 34.8 -> 32.7 (BENCHMARKS.md, fourteenth session).
     With `tma_plane` (the forward's OH, OW, where `Conv2dTmaForward` can run), its boxes of 64 pixels
     by 64 or 128 channels are offered too (`tma_forward_candidates`): first on planes of at most
     TMA_FORWARD_FIRST_PIXELS pixels, where they were faster on the H200, last on larger ones."""
@@ -359,6 +365,9 @@ def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: in
         first = found[0]
         if _pixel_tiles(first, batch, pixels_per_image, n) < 2 * _num_sms() and first.block_n > 64:
             found.insert(0, Config(first.block_m, 64, first.block_k, 4, first.num_stages))
+        exact = min(32, _pow2_dividing(pixels_per_image))
+        if taps and pixels_per_image > TMA_FORWARD_FIRST_PIXELS and exact >= 16:
+            found.insert(0, Config(64, first.block_n, first.block_k, 4, 3, image_pixels=exact))
         if taps:
             found = [split for config in found
                      for split in _split_k(config, _pixel_tiles(config, batch, pixels_per_image, n), taps * c_in)]
@@ -402,7 +411,7 @@ def tma_forward_box(block_m: int, rows: int, cols: int) -> tuple[int, int, int]:
 
 def _pixel_tiles(config: Config, batch: int, pixels_per_image: int, n: int) -> int:
     """Programs of a channels-last forward or dx launch with `config` (one split)."""
-    per_tile = image_tile(config.block_m, pixels_per_image)
+    per_tile = image_tile(config.block_m, pixels_per_image, config.image_pixels)
     return -(-batch // (config.block_m // per_tile)) * -(-pixels_per_image // per_tile) * -(-n // config.block_n)
 
 
@@ -415,10 +424,10 @@ def _split_k(config: Config, programs: int, k: int) -> list[Config]:
     return [config, replace(config, split=split)]
 
 
-def image_tile(block_m: int, pixels_per_image: int) -> int:
+def image_tile(block_m: int, pixels_per_image: int, image_pixels: int = 0) -> int:
     """BLOCK_Q of the channels-last kernels: the pixels of one image in a tile of `block_m` rows
-    (the rest of the tile holds further images)."""
-    return min(block_m, pow2_at_least(pixels_per_image))
+    (the rest of the tile holds further images); `image_pixels` where a config sets it."""
+    return image_pixels or min(block_m, pow2_at_least(pixels_per_image))
 
 
 def _dw_split(tiles: int, pixels: int, block_k: int, oversubscribe: int) -> int:

@@ -57,11 +57,11 @@ BN_SPLIT = ("BatchNorm2dPartialStats", "BatchNorm2dTrainNormalize", "BatchNorm2d
 
 CASES = {
     # conv2d: implicit GEMM on channels-last copies (dx whenever C_OUT is a multiple of 16: at stride 1 as the
-    # forward kernel on dy; strided, written channels-last and transposed), on NCHW (channels not multiples of
-    # 16, or groups), 1x1 as a matrix product (strided: of the subsampled input), depthwise, the forward a row per
-    # program and the backward as 1x1 products of the unfolded input (at most 4 input channels, large planes); dw split into fp32 partials (from
-    # TMA boxes at stride 1; in fp32 on small planes, one 1x1 product of the input unfolded rows-outer); on small
-    # planes at stride 1 the forward (and dx) from TMA boxes too.
+    # forward kernel on dy; strided, written channels-last and transposed), on NCHW (channels not multiples of 16,
+    # or groups), 1x1 as a matrix product (strided: of the subsampled input), depthwise, the forward a row per
+    # program and the backward as 1x1 products of the unfolded input (at most 4 input channels, large planes); dw
+    # split into fp32 partials (from TMA boxes at stride 1; in fp32 on small planes, one 1x1 product of the input
+    # unfolded rows-outer); on small planes at stride 1 the forward (and dx) from TMA boxes too.
     "conv2d-cl-fp32": Case("conv2d", dict(x=(8, 32, 28, 28), w=(64, 32, 3, 3)), dict(x=(1, 16, 4, 4), w=(16, 16, 3, 3)),
                            CONV_CL_TMA, dict(padding=1, bias=True)),
     "conv2d-1x1-strided-fp16": Case("conv2d", dict(x=(16, 64, 56, 56), w=(128, 64, 1, 1)),

@@ -2,18 +2,18 @@
 
 The work runs in two PyTorch custom operators, so autograd, `torch.compile` and autocast see
 one opaque op each: `nnkernels::conv2d` (forward) and `nnkernels::conv2d_backward` (dx, dw,
-dbias, each only when asked). Per shape the op picks its kernels from the catalogue: the
-direct depthwise kernels when groups == C_IN == C_OUT, a per-image matrix product for unpadded
-1x1 convolutions (of the subsampled input when strided), the implicit-GEMM tensor-core kernels
-otherwise, except for one-group convolutions with at most 4 input channels and large output planes (the
-RGB stem): their forward one output row per program on the GPU (16-bit and full fp32), their backward
-1x1 products of the unfolded input (im2col) for dw, and for dx 1x1 products folded back from fp32 columns. The implicit-GEMM kernels run on channels-last copies
-(vector loads) when groups == 1 and the channel counts are multiples of 16 (for dx only C_OUT must
-be; a stride-1 dx is the forward kernel run on dy with the transposed weight, a strided one is
-written channels-last, then transposed; at stride 1 on Hopper and later the forward also from TMA boxes,
-tuning's first guess on planes of at most 256 pixels, and dw from TMA boxes, but in fp32 on planes of at
-most 256 pixels (4096 with TF32 off) as one 1x1 product of the input unfolded rows-outer), straight from
-NCHW else.
+dbias, each only when asked). Per shape the op picks its kernels from the catalogue: the direct
+depthwise kernels when groups == C_IN == C_OUT, a per-image matrix product for unpadded 1x1 convolutions
+(of the subsampled input when strided), the implicit-GEMM tensor-core kernels otherwise, except for
+one-group convolutions with at most 4 input channels and large output planes (the RGB stem): their
+forward one output row per program on the GPU (16-bit and full fp32), their backward 1x1 products of the
+unfolded input (im2col) for dw, and for dx 1x1 products folded back from fp32 columns. The implicit-GEMM
+kernels run on channels-last copies (vector loads) when groups == 1 and the channel counts are multiples
+of 16 (for dx only C_OUT must be; a stride-1 dx is the forward kernel run on dy with the transposed
+weight, a strided one is written channels-last, then transposed; at stride 1 on Hopper and later the
+forward also from TMA boxes, tuning's first guess on planes of at most 256 pixels, and dw from TMA
+boxes, but in fp32 on planes of at most 256 pixels (4096 with TF32 off) as one 1x1 product of the input
+unfolded rows-outer), straight from NCHW else.
 On the GPU the backward runs dw (and its reduce) on a side stream beside dx (`streams.side_by_side`).
 Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a call uses,
 and every launch is logged at DEBUG level on the "nnkernels" logger.
@@ -322,7 +322,7 @@ class _Problem:
             constants = self.geometry + (self.has_bias, self.tf32, self.flip_taps, *box, config.block_n, config.block_k,
                                          config.split)
             return _kernel(Conv2dTmaForward, constants, self.dtype, config.num_warps, config.num_stages)
-        block_q = tuning.image_tile(config.block_m, self.OH * self.OW)
+        block_q = tuning.image_tile(config.block_m, self.OH * self.OW, config.image_pixels)
         constants = self.geometry + (self.has_bias, self.tf32, self.flip_taps, config.block_m, config.block_n,
                                      config.block_k, block_q, config.split)
         return _kernel(Conv2dGemmClForward, constants, self.dtype, config.num_warps, config.num_stages)
