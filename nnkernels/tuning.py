@@ -350,8 +350,9 @@ def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: in
     offered split over K (`split`: 2 to 4 slices, so about two programs per SM run), right after
     itself: ResNet-50's 512-channel 7x7 layer has 52 tiles of 128 x 128 for 132 SMs.
     The forward on planes of more than TMA_FORWARD_FIRST_PIXELS pixels tries first 64-pixel tiles of several
-    images (`image_pixels` = 16 or 32 pixels of each, dividing the plane): no ragged tiles, and on 28x28 planes 392
-    programs for 132 SMs where 128-pixel tiles of one image make 224 (7 per image, the last 16 pixels full).
+    images (`image_pixels` = 16 or 32 pixels of each, dividing the plane; where the batch fills one tile at
+    least): no ragged tiles, and on 28x28 planes 392 programs for 132 SMs where 128-pixel tiles of one image
+    make 224 (7 per image, the last 16 pixels full).
     On the H200 (B32, kernel alone, µs, same run): 128@28 TF32 56.2 -> 39.9, bf16 33.5 -> 24.8; 64@56 (32
     pixels of 2 images) TF32 56.6 -> 53.9, bf16 34.8 -> 32.7 (BENCHMARKS.md, fourteenth session).
     With `tma_plane` (the forward's OH, OW, where `Conv2dTmaForward` can run), its boxes of 64 pixels
@@ -366,7 +367,7 @@ def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: in
         if _pixel_tiles(first, batch, pixels_per_image, n) < 2 * _num_sms() and first.block_n > 64:
             found.insert(0, Config(first.block_m, 64, first.block_k, 4, first.num_stages))
         exact = min(32, _pow2_dividing(pixels_per_image))
-        if taps and pixels_per_image > TMA_FORWARD_FIRST_PIXELS and exact >= 16:
+        if taps and pixels_per_image > TMA_FORWARD_FIRST_PIXELS and exact >= 16 and batch >= 64 // exact:
             found.insert(0, Config(64, first.block_n, first.block_k, 4, 3, image_pixels=exact))
         if taps:
             found = [split for config in found

@@ -9,6 +9,7 @@ looser tolerance (2e-3: 10-bit mantissa products) than full fp32 (1e-5).
 import pytest
 import torch
 
+from nnkernels import tuning
 from nnkernels.ops.conv2d_gemm_channels_last import Conv2dGemmClDw, Conv2dGemmClForward
 from nnkernels.ops.conv2d_gemm_channels_last_dx import Conv2dGemmClDx
 from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw, dw_partial_size
@@ -269,3 +270,20 @@ def test_kernel_ids_name_every_constant():
 
 def test_device_is_the_suite_device():
     assert randn(1).device.type == DEVICE
+
+
+def test_gpu_forward_candidates_tile_several_images_first_on_ragged_planes(monkeypatch):
+    """On a 132-SM GPU the channels-last forward first tries 64-pixel tiles of 16 (or 32) pixels of several
+    images on planes over 256 pixels: on 28x28 planes they cover 784 = 49 x 16 pixels exactly, 392 programs
+    where one image's 128-pixel tiles make 224. Not for dx (no taps), TMA-first planes, or a batch smaller
+    than a tile's images."""
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "_num_sms", lambda: 132)
+    found = tuning.channels_last_candidates(32, 784, 128, 128, torch.float32, taps=9, tma_plane=(28, 28))
+    assert found[0] == tuning.Config(64, 128, 32, 4, 3, image_pixels=16)
+    assert tuning._pixel_tiles(found[0], 32, 784, 128) == 392
+    assert tuning._pixel_tiles(tuning.Config(128, 128, 32), 32, 784, 128) == 224
+    assert tuning.channels_last_candidates(32, 3136, 64, 64, torch.bfloat16, taps=9)[0].image_pixels == 32
+    for batch, pixels, taps in ((32, 196, 9), (2, 784, 9), (32, 784, 0)):
+        assert all(c.image_pixels == 0 for c in tuning.channels_last_candidates(batch, pixels, 128, 128,
+                                                                              torch.float32, taps=taps))

@@ -49,8 +49,8 @@ def conv2d_rows_forward(
     BLOCK_M columns ow of the tile and the BLOCK_N channels c_out of tile pn:
         y = bias[c_out] + sum over (c_in, kh, kw) of w[c_out, c_in, kh, kw]
             * x[b, c_in, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W],
-    x read as 0 outside the image. K slice j of BLOCK_K holds BLOCK_K / KW_SPAN input rows r = (c_in, kh)
-    = c_in*KH + kh, element j*BLOCK_K + i being row i // KW_SPAN, tap kw = i % KW_SPAN (taps >= KW and rows
+    x read as 0 outside the image. K runs over input rows r = c_in*KH + kh, ROWS = BLOCK_K / KW_SPAN of them a
+    slice: element i of slice j is row j*ROWS + i // KW_SPAN at tap kw = i % KW_SPAN (taps >= KW and rows
     >= C_IN*KH read as 0). Products on tensor cores, fp32 x as TF32 rounded to nearest when TF32 (the x
     tile is the register operand) or tf32x3; accumulation in fp32, y rounded once. Every element of y is
     written; bias is read only when HAS_BIAS. Contract: KW_SPAN a power of two >= KW, BLOCK_K a multiple.
