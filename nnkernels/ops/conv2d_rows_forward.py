@@ -10,13 +10,11 @@ one per element, and offsets within an image are int32.
 import triton
 import triton.language as tl
 
-from ..kernel import kernel_object
+from ..kernel import INT32_MAX, kernel_object
 from .checks import check_grid, check_numel
 from .conv2d_gemm_forward import check_conv_launch
 from .host_math import cdiv
 from .tensor_core import conv_dot, tf32_rounded
-
-INT32_LIMIT = 2**31
 
 
 def conv2d_rows_forward_entry(k, a):
@@ -29,7 +27,7 @@ def conv2d_rows_forward_entry(k, a):
     if k.has_bias:
         check_numel("bias", a.bias, a.C_OUT, "C_OUT")
     for name, per_image in (("x", a.C_IN * a.H * a.W), ("y", a.C_OUT * a.OH * a.OW)):
-        if per_image >= INT32_LIMIT:
+        if per_image > INT32_MAX:
             raise ValueError(f"{name}: expected fewer than 2**31 elements per image (int32 offsets), got {per_image}")
     return (check_grid(a.B * a.OH * cdiv(a.OW, k.block_m))[0], cdiv(a.C_OUT, k.block_n), 1)
 
