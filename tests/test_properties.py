@@ -63,21 +63,11 @@ def conv_tolerance(dtype):
     return CONV_TF32_TOLERANCE if tf32 else TOLERANCE[dtype]
 
 
-def assert_near(out, ref, tol, floor=0.0):
-    """support.assert_close, with the error measured against max(||ref||, floor): a gradient that
-    cancels to almost nothing (batch norm's dx over two values) is judged on the scale of its terms."""
-    out64, ref64 = out.detach().cpu().double(), ref.detach().cpu().double()
-    assert out64.shape == ref64.shape, f"shape {tuple(out64.shape)} != {tuple(ref64.shape)}"
-    assert not out64.isnan().any(), f"{int(out64.isnan().sum())} elements unwritten or NaN"
-    err = (out64 - ref64).norm().item() / (max(ref64.norm().item(), floor) or 1.0)
-    assert err <= tol, f"relative error {err:.3e} > {tol:.1e}"
-
-
 def check_grads(inputs, outputs_fn, ref_fn, dtype, tol, generator, grad_floors=None):
     """Forward and backward of `outputs_fn(*inputs)` against `ref_fn(*float64 copies)` (same dy).
 
     `grad_floors(dy64, refs)`, if given, gives for each input the scale its gradient is judged on
-    (see assert_near)."""
+    (support.assert_close's `floor`)."""
     leaves = [t.detach().requires_grad_() if t is not None else None for t in inputs]
     refs = [t.detach().cpu().double().requires_grad_() if t is not None else None for t in inputs]
     y = outputs_fn(*leaves)
@@ -91,7 +81,7 @@ def check_grads(inputs, outputs_fn, ref_fn, dtype, tol, generator, grad_floors=N
         if got is not None:
             assert got.grad is not None, f"input {index}: no gradient"
             floor = grad_floors(dy.cpu().double(), refs)[index] if grad_floors else 0.0
-            assert_near(got.grad, want.grad, tol, floor)
+            assert_close(got.grad, want.grad, tol=tol, floor=floor)
 
 
 @st.composite
