@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from nnkernels import tuning
-from nnkernels.ops.avg_pool2d_gather import lanes_candidates, row_align, uniform_divisor
+from nnkernels.ops.avg_pool2d_gather import LANES_PROGRAMS, lanes_candidates, row_align, uniform_divisor
 from nnkernels.ops.avg_pool2d_lanes import (
     AvgPool2dLanesBackward,
     AvgPool2dLanesForward,
@@ -149,7 +149,7 @@ def test_every_tuning_candidate_is_correct(case, dtype, monkeypatch):
     dy = randn(*ref.shape, dtype=dtype)
     ref.backward(dy.double())
     offered = {}
-    for index in range(6):
+    for index in range(max(map(len, LANES_PROGRAMS.values())) + 1):  # every program size, and the other width
         def pick(kind, key, candidates, run, i=index):
             offered[kind] = candidates
             return candidates[min(i, len(candidates) - 1)]
