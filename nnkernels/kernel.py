@@ -230,7 +230,12 @@ class KernelObject:
                 _LAUNCHED.add(first)
 
     def compile(self, target: str = "sm_90") -> CompiledKernel:
-        """Compile ahead of time for `target` (e.g. "sm_90") with Triton's compiler; needs no GPU."""
+        """Compile ahead of time for `target` (e.g. "sm_90") with Triton's compiler; needs no GPU.
+
+        The build assumes nothing of the arguments' values, so it runs on any valid launch. `launch`
+        goes through Triton's JIT instead, which specialises on 16-byte aligned pointers and on integer
+        arguments divisible by 16: on aligned tensors its loads can be vectors where this PTX has
+        one element per instruction."""
         parse_target(target)
         if target not in self._compiled:
             if INTERPRETED:
