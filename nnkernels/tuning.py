@@ -354,7 +354,9 @@ def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: in
     least): no ragged tiles, and on 28x28 planes 392 programs for 132 SMs where 128-pixel tiles of one image
     make 224 (7 per image, the last 16 pixels full).
     On the H200 (B32, kernel alone, µs, same run): 128@28 TF32 56.2 -> 39.9, bf16 33.5 -> 24.8; 64@56 (32
-    pixels of 2 images) TF32 56.6 -> 53.9, bf16 34.8 -> 32.7 (BENCHMARKS.md, fourteenth session).
+    pixels of 2 images) TF32 56.6 -> 53.9, bf16 34.8 -> 32.7 (BENCHMARKS.md, fourteenth session). Full fp32
+    (three TF32 products, more registers per tile) wants them 64 channels wide: 128@28 127.0 against 155.7
+    for 128 channels and 130.3 for the best TMA box (fifteenth session), so both widths come first.
     With `tma_plane` (the forward's OH, OW, where `Conv2dTmaForward` can run), its boxes of 64 pixels
     by 64 or 128 channels are offered too (`tma_forward_candidates`): first on planes of at most
     TMA_FORWARD_FIRST_PIXELS pixels, where they were faster on the H200, last on larger ones."""
@@ -368,7 +370,8 @@ def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: in
             found.insert(0, Config(first.block_m, 64, first.block_k, 4, first.num_stages))
         exact = min(32, _pow2_dividing(pixels_per_image))
         if taps and pixels_per_image > TMA_FORWARD_FIRST_PIXELS and exact >= 16 and batch >= 64 // exact:
-            found.insert(0, Config(64, first.block_n, first.block_k, 4, 3, image_pixels=exact))
+            found[:0] = [Config(64, block_n, first.block_k, 4, 3, image_pixels=exact)
+                         for block_n in dict.fromkeys((first.block_n, min(first.block_n, 64)))]
         if taps:
             found = [split for config in found
                      for split in _split_k(config, _pixel_tiles(config, batch, pixels_per_image, n), taps * c_in)]

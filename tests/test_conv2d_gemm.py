@@ -274,13 +274,14 @@ def test_device_is_the_suite_device():
 
 def test_gpu_forward_candidates_tile_several_images_first_on_ragged_planes(monkeypatch):
     """On a 132-SM GPU the channels-last forward first tries 64-pixel tiles of 16 (or 32) pixels of several
-    images on planes over 256 pixels: on 28x28 planes they cover 784 = 49 x 16 pixels exactly, 392 programs
-    where one image's 128-pixel tiles make 224. Not for dx (no taps), TMA-first planes, or a batch smaller
-    than a tile's images."""
+    images on planes over 256 pixels (as wide as the first guess, then 64 channels wide): on 28x28 planes
+    they cover 784 = 49 x 16 pixels exactly, 392 programs where one image's 128-pixel tiles make 224. Not
+    for dx (no taps), TMA-first planes, or a batch smaller than a tile's images."""
     monkeypatch.setattr(tuning, "INTERPRETED", False)
     monkeypatch.setattr(tuning, "_num_sms", lambda: 132)
     found = tuning.channels_last_candidates(32, 784, 128, 128, torch.float32, taps=9, tma_plane=(28, 28))
-    assert found[0] == tuning.Config(64, 128, 32, 4, 3, image_pixels=16)
+    assert found[:2] == [tuning.Config(64, 128, 32, 4, 3, image_pixels=16),
+                         tuning.Config(64, 64, 32, 4, 3, image_pixels=16)]  # full fp32's registers want 64
     assert tuning._pixel_tiles(found[0], 32, 784, 128) == 392
     assert tuning._pixel_tiles(tuning.Config(128, 128, 32), 32, 784, 128) == 224
     assert tuning.channels_last_candidates(32, 3136, 64, 64, torch.bfloat16, taps=9)[0].image_pixels == 32
