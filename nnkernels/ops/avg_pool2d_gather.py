@@ -263,12 +263,12 @@ def lanes_tile(rows, groups, lanes, tile):
 
 
 # (elements written per program, num_warps) of the lanes kernels' candidates per element size, the
-# first guess first; `NNKERNELS_TUNE=quick` times the first three. Measured on the H200 (before
-# tuning): 2048/w4 the fastest or within 1% on every suite row of both dtypes; 4096/w8 3-20% slower in
-# fp32, within 4% in bf16. Smaller programs on B64 C512 28x28 k3 s2 (13-column outputs; µs, cold, one
-# run; BENCHMARKS.md, fifteenth session): fp32 forward 1024/w4 39.9 against 2048/w4 45.0; bf16
-# forward 512/w2 28.1 and 1024/w4 28.4 against 32.0, backward 2048/w2 27.1 against 27.7 (4096/w4).
-# 8192/w4 in bf16 (491 µs there: registers spilled) is gone.
+# first guess first; `NNKERNELS_TUNE=quick` times the first three. On the H200, the first sweep (before
+# tuning existed) had 2048/w4 the fastest or within 1% on every suite row of both dtypes, 4096/w8 3-20%
+# slower in fp32 and within 4% in bf16. A later cold sweep (BENCHMARKS.md, fifteenth session; µs, one
+# run) found smaller programs faster on B64 C512 28x28 k3 s2, whose outputs are 13 columns wide: fp32
+# forward 1024/w4 39.9 against 2048/w4 45.0; bf16 forward 512/w2 28.1 and 1024/w4 28.4 against 32.0,
+# backward 2048/w2 27.1 against 27.7 (4096/w4). 8192/w4 in bf16 (491 µs there: registers spilled) is gone.
 LANES_PROGRAMS = {
     4: ((2048, 4), (1024, 4), (4096, 4), (4096, 8), (8192, 8)),
     2: ((2048, 4), (1024, 4), (4096, 4), (512, 2), (2048, 2), (4096, 8)),
