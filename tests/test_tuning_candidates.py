@@ -27,6 +27,7 @@ SHAPES = [
     (8, 512, 512, 2, 3, 1, 1, 1),
     (8, 64, 64, 16, 3, 1, 1, 1),
     (5, 16, 32, 20, 3, 1, 1, 1),  # 400 pixels: tiles of 16 pixels of 4 images (`image_pixels`), a batch not of 4
+    (5, 16, 128, 20, 3, 1, 1, 1),  # those tiles 128 channels wide, then 64 (full fp32's choice on 28x28 planes)
     (8, 3, 64, 64, 7, 2, 3, 1),
     (3, 48, 80, 13, 3, 1, 1, 1),
     (2, 32, 48, 9, 3, 2, 1, 2),
