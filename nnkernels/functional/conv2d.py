@@ -240,6 +240,7 @@ class _Problem:
         self.OH = _output_size(self.H, self.KH, stride[0], padding[0], dilation[0])
         self.OW = _output_size(self.W, self.KW, stride[1], padding[1], dilation[1])
         self.groups, self.dtype, self.has_bias = groups, dtype, has_bias
+        self.tf32 = _tf32(dtype)
         self.geometry = (self.KH, self.KW, *stride, *padding, *dilation)
         self.geometry_args = (tuple(stride), tuple(padding), tuple(dilation), groups)
         self.dilation = dilation
@@ -261,15 +262,14 @@ class _Problem:
         # fp32 414.0 -> 346.4; with TF32 the general kernel stays, 148.4 against 160.7. The interpreter pays per
         # program, and those are B*OH: it keeps the general kernel's few large ones (bf16 8x3x64x64 7x7 s2
         # here: 23 s a forward against 0.15 s).
-        tf32_products = dtype == torch.float32 and _tf32(dtype)
-        self.rows_forward = self.unfolded and not tf32_products and not INTERPRETED
+        self.rows_forward = self.unfolded and not (dtype == torch.float32 and self.tf32) and not INTERPRETED
         self.channels_last = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
                               and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
         # The fp32 weight gradient of small planes (larger ones with TF32 off), where the TMA dw would run
         # (channels-last, stride 1), is one 1x1 product of the columns unfolded rows-outer ([C_IN*KH*KW, B, OH,
         # OW]) and dy laid out the same way ([C_OUT, B, OH, OW]): a reduction over all B*OH*OW pixels in runs the
         # tensor cores read directly.
-        most_pixels = UNFOLD_DW_MAX_PIXELS if _tf32(dtype) else UNFOLD_DW_MAX_PIXELS_FULL_FP32
+        most_pixels = UNFOLD_DW_MAX_PIXELS if self.tf32 else UNFOLD_DW_MAX_PIXELS_FULL_FP32
         self.rows_outer_dw = (dtype == torch.float32 and self.channels_last and not self.pointwise
                               and self.stride == (1, 1) and self.OH * self.OW <= most_pixels)
         self.unfolded_dw = self.unfolded or self.rows_outer_dw
@@ -287,7 +287,6 @@ class _Problem:
         self.flip_taps = flip_taps  # the weight's taps stored in reverse (`dx_forward`'s problems)
         # dx pixels of one stride phase of one image (the gather-form dx kernels' unit of work)
         self.pixels_per_phase = -(-self.H // stride[0]) * -(-self.W // stride[1])
-        self.tf32 = _tf32(dtype)
         self.key = (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.geometry, groups, str(dtype), self.tf32,
                     has_bias)
 
