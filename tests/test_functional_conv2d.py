@@ -131,7 +131,7 @@ def test_autocast_runs_in_the_active_autocast_dtype():
         (lambda: (randn(1, 6, 5, 5), randn(4, 2, 3, 3), {"groups": 3}), ValueError, "groups: 3 does not divide"),
         (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3), {"padding": -1}), ValueError, "padding"),
         (lambda: (randn(1, 3, 2, 2), randn(4, 3, 3, 3), {}), ValueError, "larger than the padded input"),
-        (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3, dtype=torch.float16), {}), TypeError, "weight: expected dtype"),
+        (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3, dtype=torch.float16), {}), ValueError, "weight: expected dtype"),
         (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3), {"bias": randn(5)}), ValueError, "bias: expected shape"),
         (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3), {"stride": 0}), ValueError, "stride"),
         (lambda: (randn(1, 3, 5, 5), randn(4, 3, 3, 3), {"stride": (1, 2, 3)}), TypeError, "stride"),

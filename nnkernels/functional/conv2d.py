@@ -115,7 +115,8 @@ def _output_size(size, kernel, stride, pad, dilation):
 
 
 def _check(x, weight, bias, stride, padding, dilation, groups, *, same_dtype=True):
-    """Raise ValueError/TypeError naming the first bad argument; return nothing."""
+    """Raise ValueError/TypeError naming the first bad argument; return nothing. A value of the wrong type
+    (float64 included) is a TypeError, arguments that disagree (dtypes, devices, channels) a ValueError."""
     for name, tensor in (("input", x), ("weight", weight)):
         if not isinstance(tensor, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
@@ -130,7 +131,7 @@ def _check(x, weight, bias, stride, padding, dilation, groups, *, same_dtype=Tru
         if same_dtype and tensor.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{name}: expected float32, float16 or bfloat16, got {tensor.dtype}")
         if same_dtype and tensor.dtype != x.dtype:
-            raise TypeError(f"{name}: expected dtype {x.dtype} like input, got {tensor.dtype}")
+            raise ValueError(f"{name}: expected dtype {x.dtype} like input, got {tensor.dtype}")
         if tensor.device != x.device:
             raise ValueError(f"{name}: expected a tensor on {x.device} like input, got {tensor.device}")
     if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
