@@ -10,8 +10,9 @@ the shape, the GPU, the Triton version and a hash of the library's kernel source
 tuned once per machine and again after a kernel changes (a choice timed on older code is not reused).
 
 Cost bound: candidates are tried in order and no new one is started once 2 s have passed since
-tuning of the shape began, so a new shape costs at most about 2 s plus one compilation (Triton
-keeps compiled kernels in its own disk cache, so a config compiles once per machine).
+`choose` began on this kind and shape, so each costs at most about 2 s plus one compilation (Triton
+keeps compiled kernels in its own disk cache, so a config compiles once per machine). A pooling or
+batch-norm pass tunes one kind; a convolution's forward one and its backward two (dx, dw).
 `NNKERNELS_TUNE=quick` (the default) tries the first three candidates, `full` all of them.
 """
 from __future__ import annotations
