@@ -1,6 +1,6 @@
 """Block sizes per shape: a heuristic first guess, refined on the GPU by timing a small config set.
 
-`choose(kind, key, candidates, run)` returns one of `candidates` (a list of `Config`, the
+`choose(kind, key, candidates, run)` returns one of the configs `candidates()` lists (`Config`s, the
 heuristic's guess first). It times them only when all of these hold: the process runs Triton
 compiled (the interpreter gets the heuristic, which there means few, large programs), tuning is
 not switched off (`NNKERNELS_TUNE=off`), and the current CUDA stream is not capturing a graph
@@ -27,6 +27,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -149,23 +150,28 @@ def _time_ms(run, config) -> float:
     return start.elapsed_time(end) / reps
 
 
-def choose(kind: str, key, candidates: list[Config], run) -> Config:
+def choose(kind: str, key, candidates: Callable[[], list[Config]], run) -> Config:
     """The config to launch `kind` with on shape `key` (see the module docstring).
 
+    `candidates()` lists the configs, the heuristic's first. It is called only where no remembered
+    choice answers: some of the GPU's lists take more Python to build than their launch takes to check
+    (79 µs for a 3x3 layer's forward list on the 2-core CPU), which an eager training loop would pay on
+    every call.
     `run(config)` must launch the kernel(s) on the real tensors with `config`; it is called
     only while tuning, and must leave correct results (every call rewrites the outputs).
     """
-    heuristic = candidates[0]
-    if INTERPRETED or len(candidates) == 1 or mode() == "off":
-        return heuristic
+    if INTERPRETED or mode() == "off":
+        return candidates()[0]
     full_key = _full_key(kind, key)
     with _lock:
         stored = _stored().get(full_key)
     if stored is not None:
         return Config(**stored)
-    if torch.cuda.is_current_stream_capturing():
+    listed = candidates()
+    heuristic = listed[0]
+    if len(listed) == 1 or torch.cuda.is_current_stream_capturing():
         return heuristic
-    tried = candidates if mode() == "full" else candidates[:QUICK_CANDIDATES]
+    tried = listed if mode() == "full" else listed[:QUICK_CANDIDATES]
     began = time.perf_counter()
     timings = {}
     for config in tried:

@@ -151,8 +151,8 @@ def test_every_tuning_candidate_is_correct(case, dtype, monkeypatch):
     offered = {}
     for index in range(max(map(len, LANES_PROGRAMS.values())) + 1):  # every program size, and the other width
         def pick(kind, key, candidates, run, i=index):
-            offered[kind] = candidates
-            return candidates[min(i, len(candidates) - 1)]
+            offered[kind] = listed = candidates()
+            return listed[min(i, len(listed) - 1)]
 
         monkeypatch.setattr(tuning, "choose", pick)
         x.grad = None

@@ -178,10 +178,11 @@ def test_every_candidate_config_is_correct_and_leaves_running_stats_updated_once
     seen = {}
     for index in range(len(first)):
         def pick(kind, key, candidates, run, i=index):
-            assert candidates == first
+            listed = candidates()
+            assert listed == first
             seen[kind] = key
-            run(candidates[(i + 1) % len(candidates)])
-            return candidates[i]
+            run(listed[(i + 1) % len(listed)])
+            return listed[i]
 
         monkeypatch.setattr(tuning, "choose", pick)
         for training in (True, False):

@@ -213,7 +213,8 @@ def test_precompile_launches_the_kernels_the_op_picks(x_shape, w_shape, options,
     assert launched == set(kernels_for(x_shape, w_shape, bias=bias, dtype=dtype, **options))
 
 def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
-    """`choose` on a fake timer: the fastest config wins, lands in the JSON file, and is reused."""
+    """`choose` on a fake timer: the fastest config wins, lands in the JSON file, and is reused without
+    listing the candidates again."""
     monkeypatch.setenv("NNKERNELS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("NNKERNELS_TUNE", "full")
     monkeypatch.setattr(tuning, "INTERPRETED", False)
@@ -223,15 +224,19 @@ def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     candidates = [tuning.Config(64, 16, 16), tuning.Config(128, 16, 16), tuning.Config(32, 16, 16)]
     monkeypatch.setattr(tuning, "_time_ms", lambda run, config: {64: 3.0, 128: 1.0, 32: 2.0}[config.block_m])
     ran = []
-    assert tuning.choose("conv", (1, 2), candidates, ran.append) == candidates[1]
+    assert tuning.choose("conv", (1, 2), lambda: candidates, ran.append) == candidates[1]
     assert ran[-1] == candidates[1]  # the outputs are left as the chosen config writes them
     stored = json.loads((tmp_path / "tuning.json").read_text())
     assert stored["conv|(1, 2)"]["block_m"] == 128
     monkeypatch.setattr(tuning, "_memory", None)  # a new process: read back from the file
     ran.clear()
-    assert tuning.choose("conv", (1, 2), candidates, ran.append) == candidates[1] and not ran
+
+    def unlisted():  # an eager loop's every call: building the GPU's lists costs more than the launch
+        raise AssertionError("a remembered choice should not list the candidates")
+
+    assert tuning.choose("conv", (1, 2), unlisted, ran.append) == candidates[1] and not ran
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert tuning.choose("conv", (9,), candidates, ran.append) == candidates[0] and not ran
+    assert tuning.choose("conv", (9,), lambda: candidates, ran.append) == candidates[0] and not ran
 
 
 def test_a_remembered_choice_holds_only_for_the_kernel_sources_it_timed(monkeypatch):

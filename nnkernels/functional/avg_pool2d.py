@@ -97,7 +97,8 @@ def _kernel(cls, dtype, *constants, num_warps):
 
 
 def _choices(direction, dtype, planes, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor):
-    """(kind, candidates, make) for one pass: `make(config)` is the kernel object of `candidates[i]`.
+    """(kind, candidates, make) for one pass: `candidates()` lists the configs, `make(config)` is the kernel
+    object of one.
     The lanes kernel (vector row loads) where its contract holds, with `lanes_candidates` to tune
     among; else the one gather kernel, which takes every case (a single candidate: never timed)."""
     # The window options under the attribute names `uniform_divisor` and the lane rules read.
@@ -114,25 +115,25 @@ def _choices(direction, dtype, planes, H, W, OH, OW, kernel, stride, padding, co
                 return _kernel(AvgPool2dLanesBackward, dtype, *common, c.block_k, backward_src_vec(options, OW, c.block_k),
                                min(row_align(cols), c.block_k), c.block_m, c.block_n, num_warps=c.num_warps)
             widths = backward_lane_widths(options, W, uniform)
-            return "avg_pool2d_lanes_backward", lanes_candidates(rows, cols, widths, lanes, itemsize), make
+            return "avg_pool2d_lanes_backward", lambda: lanes_candidates(rows, cols, widths, lanes, itemsize), make
         # Each dx gathers from the windows that may cover it: cdiv(k, stride) per axis.
         taps = -(-kernel[0] // stride[0]) * -(-kernel[1] // stride[1])
         block_r, block_w, num_warps = pooling_config(rows, cols, taps)
         gather = _kernel(AvgPool2dGatherBackward, dtype, *common, row_align(cols), block_r, block_w,
                          num_warps=num_warps)
-        return "avg_pool2d_gather_backward", [None], lambda c: gather
+        return "avg_pool2d_gather_backward", lambda: [None], lambda c: gather
     rows, cols = planes * OH, OW
     lanes = forward_lanes(options, W, itemsize)
     if lanes:
         def make(c):
             return _kernel(AvgPool2dLanesForward, dtype, *common, c.block_k, min(row_align(cols), c.block_k),
                            c.block_m, c.block_n, num_warps=c.num_warps)
-        return "avg_pool2d_lanes_forward", lanes_candidates(rows, cols, forward_lane_widths(options, W), lanes,
-                                                            itemsize), make
+        widths = forward_lane_widths(options, W)
+        return "avg_pool2d_lanes_forward", lambda: lanes_candidates(rows, cols, widths, lanes, itemsize), make
     block_r, block_w, num_warps = pooling_config(rows, cols, kernel[0] * kernel[1])
     gather = _kernel(AvgPool2dGatherForward, dtype, *common, row_align(cols), contiguous_row_align(options, W, OW),
                      block_r, block_w, num_warps=num_warps)
-    return "avg_pool2d_gather_forward", [None], lambda c: gather
+    return "avg_pool2d_gather_forward", lambda: [None], lambda c: gather
 
 
 def _launch(direction, source, out, H, W, OH, OW, kernel, stride, padding, count_include_pad, divisor):

@@ -157,8 +157,8 @@ def _run_grouped(step, cls, x, plan, arguments):
         kernel = _grouped_kernel(cls, x.dtype, grouped_plan(B, C, HW, config.block_k, size), config.num_warps)
         _run(step, [(kernel, arguments(config.block_k))])
 
-    candidates = grouped_candidates(B, C, HW, size, plan.channels)
-    run(tuning.choose(f"batch_norm_{step}_grouped", (B, C, HW, str(x.dtype)), candidates, run))
+    run(tuning.choose(f"batch_norm_{step}_grouped", (B, C, HW, str(x.dtype)),
+                      lambda: grouped_candidates(B, C, HW, size, plan.channels), run))
 
 
 # Tuning candidates of the split training passes (two kernels each), the heuristic's first: (elements per
@@ -194,7 +194,7 @@ def _run_split(step, x, launches):
                                programs=config.block_n)
         _run(step, launches(plan, config.num_warps))
 
-    run(tuning.choose(f"batch_norm_{step}_split", (B, C, HW, str(x.dtype)), split_candidates(step), run))
+    run(tuning.choose(f"batch_norm_{step}_split", (B, C, HW, str(x.dtype)), lambda: split_candidates(step), run))
 
 
 def _stats(x, n):

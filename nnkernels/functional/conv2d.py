@@ -689,7 +689,7 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
             _launch(problem.pointwise_kernel(config), x_in, weight, bias_arg, y, problem.B, problem.C_IN,
                     problem.C_OUT, problem.OH * problem.OW)
 
-        run_pointwise(tuning.choose("conv2d_pointwise", problem.key, problem.pointwise_candidates(), run_pointwise))
+        run_pointwise(tuning.choose("conv2d_pointwise", problem.key, problem.pointwise_candidates, run_pointwise))
         return y
 
     if problem.forward_channels_last:
@@ -698,13 +698,13 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
         def run_cl(config):
             _cl_forward(problem, config, x_cl, w_cl, bias_arg, y)
 
-        run_cl(tuning.choose("conv2d_cl_forward", problem.key, problem.cl_forward_candidates(x.device), run_cl))
+        run_cl(tuning.choose("conv2d_cl_forward", problem.key, lambda: problem.cl_forward_candidates(x.device), run_cl))
         return y
 
     def run(config):
         _launch(problem.forward_kernel(config), x, weight, bias_arg, y, *problem.sizes)
 
-    run(tuning.choose("conv2d_forward", problem.key, problem.forward_candidates(), run))
+    run(tuning.choose("conv2d_forward", problem.key, problem.forward_candidates, run))
     return y
 
 
@@ -716,7 +716,7 @@ def _dx(grad_y, weight, problem, device, grad_y_cl=None):
         def run_unfolded(config):
             _unfolded_dx(problem, config, grad_y, weight_t, dx)
 
-        run_unfolded(tuning.choose("conv2d_unfolded_dx", problem.key, problem.unfolded_dx_candidates(), run_unfolded))
+        run_unfolded(tuning.choose("conv2d_unfolded_dx", problem.key, problem.unfolded_dx_candidates, run_unfolded))
         return dx
     transposed = problem.dx_forward()
     if transposed is not None:
@@ -726,8 +726,8 @@ def _dx(grad_y, weight, problem, device, grad_y_cl=None):
         def run_forward(config):
             _cl_forward(transposed, config, grad_y_cl, w_forward, dx, dx)  # no bias: dx stands in, unread
 
-        run_forward(tuning.choose("conv2d_cl_forward", transposed.key, transposed.cl_forward_candidates(device),
-                                  run_forward))
+        run_forward(tuning.choose("conv2d_cl_forward", transposed.key,
+                                  lambda: transposed.cl_forward_candidates(device), run_forward))
         return dx
     if problem.dx_channels_last:
         w_t = problem.cl_dx_weight(weight)
@@ -737,7 +737,7 @@ def _dx(grad_y, weight, problem, device, grad_y_cl=None):
         def run_cl(config):
             _launch(problem.cl_dx_kernel(config), grad_y_cl, w_t, written, *problem.sizes)
 
-        run_cl(tuning.choose("conv2d_cl_dx", problem.key, problem.cl_dx_candidates(), run_cl))
+        run_cl(tuning.choose("conv2d_cl_dx", problem.key, problem.cl_dx_candidates, run_cl))
         return channels_first(written) if problem.dx_nhwc else written
     dx = torch.empty(shape, dtype=problem.dtype, device=device)
     if problem.depthwise:
@@ -751,14 +751,14 @@ def _dx(grad_y, weight, problem, device, grad_y_cl=None):
             _launch(problem.pointwise_kernel(config, for_dx=True), grad_y, weight_t, written, written, problem.B,
                     problem.C_OUT, problem.C_IN, problem.OH * problem.OW)
 
-        run_pointwise(tuning.choose("conv2d_pointwise_dx", problem.key, problem.pointwise_candidates(for_dx=True),
-                                    run_pointwise))
+        run_pointwise(tuning.choose("conv2d_pointwise_dx", problem.key,
+                                    lambda: problem.pointwise_candidates(for_dx=True), run_pointwise))
         return subsample_backward(written, shape, problem.stride) if problem.subsampled else dx
 
     def run(config):
         _launch(problem.dx_kernel(config), grad_y, weight, dx, *problem.sizes)
 
-    run(tuning.choose("conv2d_dx", problem.key, problem.dx_candidates(), run))
+    run(tuning.choose("conv2d_dx", problem.key, problem.dx_candidates, run))
     return dx
 
 
@@ -776,7 +776,7 @@ def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None, pick=None):
                 problem.C_OUT)
         return dw, dbias
     if problem.unfolded_dw:
-        kind, candidates = "conv2d_unfolded_dw", problem.unfolded_dw_candidates()
+        kind, candidates = "conv2d_unfolded_dw", problem.unfolded_dw_candidates
         slices, reduce = problem.unfold_slices(x.element_size()), problem.reduce_kernel(with_bias)
         out_size, plane, rows_outer = (problem.OH, problem.OW), problem.OH * problem.OW, problem.rows_outer_dw
 
@@ -805,26 +805,26 @@ def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None, pick=None):
     if pick is None:
         run(tuning.choose(kind, problem.key + (with_bias,), candidates, run))
     else:
-        for config in pick(candidates):
+        for config in pick(candidates()):
             run(config)
     return dw, dbias
 
 
 def _split_dw_plan(problem, grad_y, grad_y_cl, x):
-    """(tuning kind, candidates, kernel maker, inputs, sizes, the reduce's TAPS) of the tuned dw
-    kernels: the 1x1 product's, the TMA boxes' (tap-major partials), the channels-last or NCHW
-    implicit GEMM's."""
+    """(tuning kind, candidates (a function listing them), kernel maker, inputs, sizes, the reduce's TAPS)
+    of the tuned dw kernels: the 1x1 product's, the TMA boxes' (tap-major partials), the channels-last or
+    NCHW implicit GEMM's."""
     if problem.pointwise:
         sizes = (problem.B, problem.C_IN, problem.C_OUT, problem.OH * problem.OW)
-        return ("conv2d_pointwise_dw", problem.pointwise_dw_candidates(), problem.pointwise_dw_kernel,
+        return ("conv2d_pointwise_dw", problem.pointwise_dw_candidates, problem.pointwise_dw_kernel,
                 (grad_y, problem.pointwise_input(x)), sizes, 1)
     if problem.tma_dw(x.device):
-        return ("conv2d_tma_dw", problem.tma_dw_candidates(), problem.tma_dw_kernel, (grad_y_cl, channels_last(x)),
+        return ("conv2d_tma_dw", problem.tma_dw_candidates, problem.tma_dw_kernel, (grad_y_cl, channels_last(x)),
                 problem.sizes, problem.dw_taps(True))
     if problem.channels_last:
-        return ("conv2d_cl_dw", problem.cl_dw_candidates(), problem.cl_dw_kernel, (grad_y_cl, channels_last(x)),
+        return ("conv2d_cl_dw", problem.cl_dw_candidates, problem.cl_dw_kernel, (grad_y_cl, channels_last(x)),
                 problem.sizes, 1)
-    return "conv2d_dw", problem.dw_candidates(), problem.dw_kernel, (grad_y, x), problem.launch_sizes, 1
+    return "conv2d_dw", problem.dw_candidates, problem.dw_kernel, (grad_y, x), problem.launch_sizes, 1
 
 def _batch_chunks(x, y_shape):
     """Slices of the batch, [first, end), each small enough for the kernels' int32 pixel index over
