@@ -84,3 +84,27 @@ def test_conv_dw_sweep_targets_programs_per_sm():
     problem = tool._Problem((32, 64, 56, 56), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1, torch.bfloat16, False)
     assert {type(problem.tma_dw_kernel(c, False) if k == "tma" else problem.cl_dw_kernel(c, False)).__name__
             for k, c in configs} == {"Conv2dTmaDw", "Conv2dGemmClDw"}
+
+
+def test_host_overhead_op_calls_after_the_first_list_no_tuning_candidates(monkeypatch, tmp_path):
+    """On the GPU's code path (launches stubbed), every op's first call tunes its kinds; later calls find
+    the choices remembered and never build the candidate lists, the cost an eager loop would pay per call."""
+    tool = _tool("host_overhead")
+    monkeypatch.setenv("NNKERNELS_CACHE_DIR", str(tmp_path))
+    tool.stub_launches(monkeypatch.setattr)
+    tool.gpu_path(monkeypatch.setattr)
+    listed, choose = [], tool.tuning.choose
+
+    def choose_counting_lists(kind, key, candidates, run):
+        return choose(kind, key, lambda: listed.append(kind) or candidates(), run)
+
+    monkeypatch.setattr(tool.tuning, "choose", choose_counting_lists)
+    calls = tool.ops()
+    for call in calls.values():
+        call()
+    assert {"conv2d_cl_forward", "conv2d_tma_dw", "conv2d_pointwise", "conv2d_pointwise_dx", "conv2d_pointwise_dw",
+            "avg_pool2d_lanes_forward", "avg_pool2d_lanes_backward", "batch_norm_train_forward_grouped"} <= set(listed)
+    listed.clear()
+    for call in calls.values():
+        call()
+    assert listed == []
