@@ -57,27 +57,28 @@ def _row(case, dtype, direction, ours_ms, torch_ms, nbytes, extra):
                        "TB/s", extra)
 
 
+def _case_rows(case, shape, k, s, p, dtype) -> list[harness.Row]:
+    """The forward and backward rows of one case and dtype (its tensors freed on return)."""
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    y = pool.avg_pool2d(x, k, s, p)
+    dy = torch.randn_like(y)
+    H, W = shape[2:]
+    nbytes = (x.numel() + y.numel()) * x.element_size()
+    seed = {} if p else {"seed_ms": f"{_seed_ms('forward', x, y, k, s):.4f}"}
+    forward = _row(case, dtype, "forward", harness.time_ms(lambda: pool.avg_pool2d(x, k, s, p)),
+                   harness.time_ms(lambda: F.avg_pool2d(x, k, s, p)), nbytes, seed)
+    ours_bwd = functools.partial(pool.avg_pool2d_backward_op, dy, H, W, [k, k], [s, s], [p, p], True, 0)
+    torch_bwd = functools.partial(torch.ops.aten.avg_pool2d_backward, dy, x, [k, k], [s, s], [p, p], False,
+                                  True, None)
+    seed = {} if p else {"seed_ms": f"{_seed_ms('backward', x, dy, k, s):.4f}"}
+    backward = _row(case, dtype, "backward", harness.time_ms(ours_bwd), harness.time_ms(torch_bwd), nbytes, seed)
+    return [forward, backward]
+
+
 def run(quick: bool = False) -> list[harness.Row]:
     harness.require_gpu()
-    rows = []
-    for case, shape, k, s, p in SUITE[:1] if quick else SUITE:
-        for dtype in DTYPES:
-            x = torch.randn(shape, device="cuda", dtype=dtype)
-            y = pool.avg_pool2d(x, k, s, p)
-            dy = torch.randn_like(y)
-            H, W = shape[2:]
-            nbytes = (x.numel() + y.numel()) * x.element_size()
-            seed = {} if p else {"seed_ms": f"{_seed_ms('forward', x, y, k, s):.4f}"}
-            rows.append(_row(case, dtype, "forward", harness.time_ms(lambda: pool.avg_pool2d(x, k, s, p)),
-                             harness.time_ms(lambda: F.avg_pool2d(x, k, s, p)), nbytes, seed))
-            ours_bwd = functools.partial(pool.avg_pool2d_backward_op, dy, H, W, [k, k], [s, s], [p, p], True, 0)
-            torch_bwd = functools.partial(torch.ops.aten.avg_pool2d_backward, dy, x, [k, k], [s, s], [p, p], False,
-                                          True, None)
-            seed = {} if p else {"seed_ms": f"{_seed_ms('backward', x, dy, k, s):.4f}"}
-            rows.append(_row(case, dtype, "backward", harness.time_ms(ours_bwd), harness.time_ms(torch_bwd), nbytes,
-                             seed))
-            del x, y, dy
-    return rows
+    return [row for case, shape, k, s, p in (SUITE[:1] if quick else SUITE) for dtype in DTYPES
+            for row in _case_rows(case, shape, k, s, p, dtype)]
 
 
 def main():
