@@ -35,8 +35,9 @@ def test_channels_last_equals_permute(shape, dtype):
     "shape, tiles",
     [((2, 37, 5, 7), (16, 16)),  # C over 3 tiles and HW = 35 over 3 tiles, both ragged
      ((2, 70, 9, 9), (64, 64)),  # the GPU's tiles: C = 70 and HW = 81 each spill into a second tile
+     ((2, 300, 3, 3), (256, 16)),  # a 3x3 weight's tiles: C = 300 spills into a second tile, HW = 9 of 16
      ((2, 3, 1, 2), (1, 1))],  # one element per program
-    ids=["16x16", "64x64", "1x1"],
+    ids=["16x16", "64x64", "256x16", "1x1"],
 )
 def test_kernel_object_writes_every_element(shape, tiles, dtype):
     b, c, h, w = shape
@@ -53,7 +54,9 @@ def test_empty_tensors_give_an_empty_result(shape):
 
 
 def test_tiles():
-    assert channels_last_tiles(3, 9, interpreted=False) == (64, 64)
+    compiled = {hw: channels_last_tiles(3, hw, interpreted=False) for hw in (1, 9, 31, 32, 49, 63, 64, 196, 10**6)}
+    assert compiled == {1: (256, 16), 9: (256, 16), 31: (256, 16), 32: (128, 32), 49: (128, 32), 63: (128, 32),
+                        64: (64, 64), 196: (64, 64), 10**6: (64, 64)}
     for c, hw in ((3, 9), (64, 81), (1, 10**6), (10**6, 1), (70, 3136)):
         block_c, block_p = channels_last_tiles(c, hw, interpreted=True)
         assert block_c * block_p <= 4096
