@@ -121,16 +121,17 @@ def kernels_fingerprint() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _device_name(index: int) -> str:
-    """The GPU's name, asked once per device: `torch.cuda.get_device_name()` took 6.2 µs a call on the
-    H200 machine, and every launch of a tuned kernel looks its choice up under it."""
-    return torch.cuda.get_device_name(index)
+def device_properties(index: int):
+    """`torch.cuda.get_device_properties(index)` (name, SM count, compute capability), asked once per GPU:
+    torch answers in 6.2 µs a call on the H200 machine (measured through `get_device_name`), and every
+    tuned launch (its choice's key holds the name), backward and reduce tile reads one of them."""
+    return torch.cuda.get_device_properties(index)
 
 
 def _full_key(kind: str, key) -> str:
     import triton
 
-    device = _device_name(torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    device = device_properties(torch.cuda.current_device()).name if torch.cuda.is_available() else "cpu"
     return f"{kind}|{key}|{device}|triton {triton.__version__}|kernels {kernels_fingerprint()}"
 
 
@@ -214,14 +215,7 @@ def _clamp_pow2(n: int, low: int, high: int) -> int:
 def _num_sms() -> int:
     if not torch.cuda.is_available():
         return 1
-    return _sm_count(torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    """GPU `index`'s SM count, asked once: reduce tiles and split plans ask it on every call of their op, and
-    torch answers through `get_device_properties` (6.2 µs a call on the H200 machine, as `_device_name`)."""
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 def gemm_candidates(m: int, n: int, k: int, dtype: torch.dtype) -> list[Config]:

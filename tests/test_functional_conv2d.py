@@ -263,22 +263,23 @@ def test_a_remembered_choice_holds_only_for_the_kernel_sources_it_timed(monkeypa
         tuning.kernels_fingerprint.cache_clear()
 
 
-def test_the_gpus_name_and_sm_count_are_asked_of_torch_once_per_device(monkeypatch):
-    """Choices are per GPU model: the key holds the current device's name. It and the SM count (which reduce
-    tiles and split plans read on every call) are asked of torch once per device: torch answers through
-    `get_device_properties`, 6.2 µs a call on the H200 machine, and every tuned launch builds a key."""
+def test_the_gpus_properties_are_asked_of_torch_once_per_device(monkeypatch):
+    """Choices are per GPU model: the key holds the current device's name. It, the SM count (which reduce tiles
+    and split plans read on every call) and the compute capability (whether the TMA kernels run: 9.0 and up)
+    come from `get_device_properties`, asked once per device: 6.2 µs a call on the H200 machine, and every
+    tuned launch builds a key."""
     from types import SimpleNamespace
 
+    from nnkernels.functional.conv2d import _has_tma
+
     asked = []
-    names, sms = {0: "GPU zero", 1: "GPU one"}, {0: 132, 1: 108}
+    gpus = {0: SimpleNamespace(name="GPU zero", multi_processor_count=132, major=9, minor=0),
+            1: SimpleNamespace(name="GPU one", multi_processor_count=108, major=8, minor=0)}
     current = [0]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: asked.append(("name", index)) or names[index])
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda index: asked.append(("sms", index)) or SimpleNamespace(multi_processor_count=sms[index]))
-    tuning._device_name.cache_clear()
-    tuning._sm_count.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: asked.append(index) or gpus[index])
+    tuning.device_properties.cache_clear()
     try:
         assert tuning._full_key("conv", (1,)).startswith("conv|(1,)|GPU zero|")
         assert tuning._full_key("conv", (2,)).startswith("conv|(2,)|GPU zero|")
@@ -286,27 +287,11 @@ def test_the_gpus_name_and_sm_count_are_asked_of_torch_once_per_device(monkeypat
         current[0] = 1
         assert tuning._full_key("conv", (1,)).startswith("conv|(1,)|GPU one|")
         assert [tuning._num_sms(), tuning._num_sms()] == [108, 108]
-        assert asked == [("name", 0), ("sms", 0), ("name", 1), ("sms", 1)]
-    finally:
-        tuning._device_name.cache_clear()
-        tuning._sm_count.cache_clear()
-
-
-def test_the_tma_kernels_run_from_compute_capability_9_asked_once_per_gpu(monkeypatch):
-    """Conv2dTmaForward/Conv2dTmaDw run on Hopper and later (and in the interpreter); the capability is asked
-    of torch once per GPU, not on every backward."""
-    from nnkernels.functional.conv2d import _capability, _has_tma
-
-    asked = []
-    capabilities = {0: (9, 0), 1: (8, 0)}
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or capabilities[index])
-    _capability.cache_clear()
-    try:
         assert _has_tma(torch.device("cpu"))
         assert [_has_tma(torch.device("cuda", index)) for index in (0, 1, 0, 1)] == [True, False, True, False]
         assert asked == [0, 1]
     finally:
-        _capability.cache_clear()
+        tuning.device_properties.cache_clear()
 
 
 @gpu

@@ -224,15 +224,10 @@ def _is_depthwise(c_in, c_out, groups):
 def _has_tma(device):
     """Whether kernels copying TMA boxes run on `device`: GPUs of compute capability 9.0 and up, and the
     interpreter (CPU tensors)."""
-    return device.type == "cpu" or _capability(device.index if device.index is not None
-                                               else torch.cuda.current_device()) >= (9, 0)
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index):
-    """GPU `index`'s compute capability, asked of torch once: every backward asks it, and torch answers
-    through `get_device_properties`, 6.2 µs a call on the H200 machine (measured for `get_device_name`)."""
-    return torch.cuda.get_device_capability(index)
+    if device.type == "cpu":
+        return True
+    gpu = tuning.device_properties(device.index if device.index is not None else torch.cuda.current_device())
+    return (gpu.major, gpu.minor) >= (9, 0)
 
 
 def _tf32(dtype):
