@@ -48,8 +48,8 @@ class Case:
 
 
 CONV_NCHW = ("Conv2dGemmForward", "Conv2dGemmDx", "Conv2dGemmDw", "Conv2dDwReduce")
-CONV_CL = ("ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dGemmClDx", "Conv2dGemmClDw", "Conv2dDwReduce")
-CONV_CL_TMA = ("ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dTmaDw", "Conv2dDwReduce")  # dx: the forward kernel
+CONV_CL = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dGemmClDx", "Conv2dGemmClDw", "Conv2dDwReduce")
+CONV_CL_TMA = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dTmaDw", "Conv2dDwReduce")  # dx: the forward kernel
 CONV_DEPTHWISE = ("Conv2dDepthwiseForward", "Conv2dDepthwiseDx", "Conv2dDepthwiseDw", "Conv2dDwReduce")
 BN_FUSED = ("BatchNorm2dTrainForwardFused", "BatchNorm2dTrainBackwardFused", "BatchNorm2dUpdateRunningStats")
 BN_SPLIT = ("BatchNorm2dPartialStats", "BatchNorm2dTrainNormalize", "BatchNorm2dPartialGradSums",
@@ -85,7 +85,7 @@ CASES = {
                                  dict(stride=2, padding=3, bias=True), torch.bfloat16),
     "conv2d-rows-outer-dw-fp32": Case("conv2d", dict(x=(16, 128, 7, 7), w=(128, 128, 3, 3)),
                                       dict(x=(2, 16, 5, 5), w=(16, 16, 3, 3)),
-                                      ("ChannelsLastCopy", "Conv2dTmaForward", "Unfold2d", "Conv2dPointwiseDw",
+                                      ("ChannelsLastCopyPair", "Conv2dTmaForward", "Unfold2d", "Conv2dPointwiseDw",
                                        "Conv2dDwReduce"), dict(padding=1, bias=True)),
     "conv2d-nchw-grouped-dilated-bf16": Case("conv2d", dict(x=(4, 48, 20, 20), w=(96, 12, 3, 3)),
                                              dict(x=(1, 4, 6, 6), w=(4, 1, 3, 3)), CONV_NCHW,

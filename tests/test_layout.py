@@ -1,13 +1,14 @@
-"""NCHW -> NHWC copies (`ChannelsLastCopy`, `channels_last`): bit-exact against
-`t.permute(0, 2, 3, 1).contiguous()` for every dtype, on ragged tiles, tiny channel and pixel
-counts (conv weights), and batches past CUDA's 65535 on the GPU; bad input writes nothing."""
+"""NCHW -> NHWC copies (`ChannelsLastCopy`, `channels_last`; a convolution's input and weight in one launch,
+`ChannelsLastCopyPair`, `channels_last_pair`): bit-exact against `t.permute(0, 2, 3, 1).contiguous()` for every
+dtype, on ragged tiles, tiny channel and pixel counts (conv weights), and batches past CUDA's 65535 on the GPU;
+bad input writes nothing."""
 import pytest
 import torch
 from support import DEVICE, DTYPES, dtype_id, gpu, poisoned, randn
 
 from nnkernels.kernel import INT32_MAX
-from nnkernels.functional.layout import channels_last
-from nnkernels.ops.layout import ChannelsLastCopy, channels_last_tiles
+from nnkernels.functional.layout import channels_last, channels_last_pair
+from nnkernels.ops.layout import ChannelsLastCopy, ChannelsLastCopyPair, channels_last_tiles
 
 
 def reference(t):
@@ -45,6 +46,62 @@ def test_kernel_object_writes_every_element(shape, tiles, dtype):
     y = poisoned(b, h, w, c, dtype=dtype)
     ChannelsLastCopy(*tiles, dtype=dtype).launch(x, y, b, c, h * w)
     assert_same(y, reference(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize(
+    "x_shape, w_shape",
+    [((2, 37, 5, 7), (20, 37, 3, 3)),  # ragged C and HW; a 3x3 weight
+     ((3, 64, 9, 9), (70, 64, 3, 3)),  # C_OUT = 70 over the GPU's weight tiles
+     ((1, 16, 4, 4), (16, 16, 1, 1)),  # one tap
+     ((0, 16, 4, 4), (16, 16, 3, 3))],  # an empty batch: two launches, the weight's alone
+    ids=["ragged", "70-out", "1x1", "empty-batch"],
+)
+def test_channels_last_pair_equals_permute_of_both(x_shape, w_shape, dtype):
+    x, weight = randn(*x_shape, dtype=dtype), randn(*w_shape, dtype=dtype)
+    x_cl, weight_cl = channels_last_pair(x, weight)
+    assert_same(x_cl, reference(x))
+    assert_same(weight_cl, reference(weight))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_pair_kernel_object_writes_every_element_of_both(dtype):
+    """Interpreter-sized tiles that leave ragged edges in both copies: C = 37 and HW = 35 over 16 x 16 tiles,
+    C_IN = 20 and 9 taps over 16 x 8."""
+    x, weight = randn(2, 37, 5, 7, dtype=dtype), randn(12, 20, 3, 3, dtype=dtype)
+    y, weight_cl = poisoned(2, 5, 7, 37, dtype=dtype), poisoned(12, 3, 3, 20, dtype=dtype)
+    ChannelsLastCopyPair(16, 16, 16, 8, dtype=dtype).launch(x, y, 2, 37, 35, weight, weight_cl, 12, 20, 9)
+    assert_same(y, reference(x))
+    assert_same(weight_cl, reference(weight))
+
+
+def test_pair_kernel_object_refuses_and_writes_nothing():
+    kernel = ChannelsLastCopyPair(16, 16, 16, 16)
+    x, weight = randn(2, 3, 4, 5), randn(4, 3, 3, 3)
+    x_before, weight_before = x.clone(), weight.clone()
+    y, weight_cl = poisoned(2, 4, 5, 3), poisoned(4, 3, 3, 3)
+    sizes = (4, 3, 9)
+    for args, exception, message in [
+        ((x, y, 2, 3, 20, weight, poisoned(4, 3, 3, 2), *sizes), ValueError,
+         r"^w_cl: expected C_OUT\*TAPS\*C_IN = 108 elements, got 72"),
+        ((x, y, 2, 3, 20, weight, weight_cl, 4, 3, 8), ValueError, r"^w: expected C_OUT\*C_IN\*TAPS = 96 elements"),
+        ((x, y, 2, 3, 20, weight.half(), weight_cl, *sizes), TypeError, r"^w: expected dtype torch.float32"),
+        ((x, y, 2, 3, 20, y.view(-1)[:108].view(4, 3, 3, 3), weight_cl, *sizes), ValueError,
+         r"^y: expected memory that does not overlap w's"),
+        ((x, y, 2, 3, 20, weight, x.view(-1)[:108], *sizes), ValueError, r"^w_cl: expected memory that does not "
+                                                                         r"overlap x's"),
+        ((x, y, 2, 3, 20, weight, y.view(-1)[:108], *sizes), ValueError, r"^w_cl: expected memory that does not "
+                                                                         r"overlap y's"),
+    ]:
+        with pytest.raises(exception, match=message):
+            kernel.launch(*args)
+        assert torch.isnan(y).all() and torch.isnan(weight_cl).all()
+        assert torch.equal(x, x_before) and torch.equal(weight, weight_before)
+
+
+def test_channels_last_pair_refuses_weights_of_another_dtype():
+    with pytest.raises(ValueError, match=r"^weight: expected dtype torch.float32 like x, got torch.float16"):
+        channels_last_pair(randn(2, 3, 4, 4), randn(4, 3, 3, 3, dtype=torch.float16))
 
 
 @pytest.mark.parametrize("shape", [(0, 3, 4, 4), (2, 0, 3, 3), (2, 3, 0, 5)])

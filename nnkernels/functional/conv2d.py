@@ -40,10 +40,10 @@ from ..ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw, Conv2dPoi
 from ..ops.conv2d_rows_forward import Conv2dRowsForward
 from ..ops.conv2d_tma_dw import Conv2dTmaDw
 from ..ops.conv2d_tma_forward import Conv2dTmaForward
-from ..ops.layout import ChannelsLastCopy
+from ..ops.layout import ChannelsLastCopy, ChannelsLastCopyPair
 from ..ops.subsample import Subsample2dBackward, Subsample2dForward
 from ..ops.unfold import Fold2d, Unfold2d
-from .layout import channels_first, channels_last, subsample, subsample_backward
+from .layout import channels_first, channels_last, channels_last_pair, subsample, subsample_backward
 from .streams import side_by_side
 from .unfold import fold_into, fold_kernel, unfold, unfold_kernel
 
@@ -68,6 +68,7 @@ KERNELS = (
     Conv2dDepthwiseDx,
     Conv2dDepthwiseDw,
     ChannelsLastCopy,
+    ChannelsLastCopyPair,
     Subsample2dForward,
     Subsample2dBackward,
 )
@@ -620,7 +621,7 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
             _dw_dbias(y, x, p, bias, pick=pick)
         return
     if p.forward_channels_last:
-        x_cl, w_cl = channels_last(x), channels_last(weight)
+        x_cl, w_cl = channels_last_pair(x, weight)
         for config in pick(p.cl_forward_candidates(x.device)):
             _cl_forward(p, config, x_cl, w_cl, bias_arg, y)
     else:
@@ -696,7 +697,7 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
         return y
 
     if problem.forward_channels_last:
-        x_cl, w_cl = channels_last(x), channels_last(weight)
+        x_cl, w_cl = channels_last_pair(x, weight)
 
         def run_cl(config):
             _cl_forward(problem, config, x_cl, w_cl, bias_arg, y)

@@ -1,4 +1,5 @@
-"""`channels_last(t)`: the NHWC copy of an NCHW tensor that the channels-last convolution kernels read;
+"""`channels_last(t)`: the NHWC copy of an NCHW tensor that the channels-last convolution kernels read
+(`channels_last_pair(x, weight)`: both of a convolution's, in one launch);
 `channels_first(t)`: the NCHW copy of an NHWC tensor that a channels-last kernel wrote;
 `subsample(t, stride)`: t[:, :, ::s_h, ::s_w], contiguous, and `subsample_backward`, its adjoint.
 
@@ -12,7 +13,7 @@ import logging
 import torch
 
 from ..kernel import DTYPE_NAMES
-from ..ops.layout import channels_last_kernel, channels_last_tiles
+from ..ops.layout import channels_last_kernel, channels_last_pair_kernel, channels_last_tiles
 from ..ops.subsample import Subsample2dBackward, Subsample2dForward, subsample_tiles
 
 _log = logging.getLogger("nnkernels")
@@ -42,6 +43,24 @@ def channels_last(t):
     _check(t)
     n, c, h, w = t.shape
     return _transpose(t, (n, h, w, c), c, h * w)
+
+
+def channels_last_pair(x, weight):
+    """(channels_last(x), channels_last(weight)) for a convolution's input and weight of one dtype, in one
+    launch of `ChannelsLastCopyPair` (two launches where either is empty)."""
+    _check(x, "x")
+    _check(weight, "weight")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"weight: expected dtype {x.dtype} like x, got {weight.dtype}")
+    n, c, h, w = x.shape
+    c_out, c_in, kh, kw = weight.shape
+    if not (x.numel() and weight.numel()):
+        return channels_last(x), channels_last(weight)
+    x_cl = torch.empty((n, h, w, c), dtype=x.dtype, device=x.device)
+    weight_cl = torch.empty((c_out, kh, kw, c_in), dtype=x.dtype, device=x.device)
+    kernel = channels_last_pair_kernel(channels_last_tiles(c, h * w), channels_last_tiles(c_in, kh * kw), x.dtype)
+    _launch(kernel, x, x_cl, n, c, h * w, weight, weight_cl, c_out, c_in, kh * kw)
+    return x_cl, weight_cl
 
 
 def channels_first(t):

@@ -36,18 +36,52 @@ def channels_last_tiles(c, hw, interpreted=INTERPRETED):
     return block_c, block_p
 
 
+def _copy_grid(names, t_in, t_out, images, rows, cols, block_c, block_p):
+    """Programs of one [images, rows, cols] -> [images, cols, rows] tile transpose, after checking its sizes
+    against its tensors and that its output does not overlap its input; `names`: (input, output, images,
+    rows, cols) as the launch arguments call them."""
+    name_in, name_out, name_b, name_c, name_hw = names
+    if rows * cols > INT32_MAX:
+        raise ValueError(f"{name_c}, {name_hw}: expected {name_c}*{name_hw} <= 2**31 - 1 elements per image, got "
+                         f"{rows}*{cols} = {rows * cols}")
+    check_numel(name_in, t_in, images * rows * cols, f"{name_b}*{name_c}*{name_hw}")
+    check_numel(name_out, t_out, images * cols * rows, f"{name_b}*{name_hw}*{name_c}")
+    programs = check_grid(images * cdiv(rows, block_c) * cdiv(cols, block_p))[0]
+    _check_apart(name_out, t_out, name_in, t_in)
+    return programs
+
+
+def _check_apart(name_out, t_out, name_other, t_other):
+    """Raise unless the memory of t_out (which a copy writes) and t_other do not overlap."""
+    out_first, other_first = t_out.data_ptr(), t_other.data_ptr()
+    if (out_first < other_first + t_other.numel() * t_other.element_size()
+            and other_first < out_first + t_out.numel() * t_out.element_size()):
+        raise ValueError(f"{name_out}: expected memory that does not overlap {name_other}'s (the copy reads "
+                         f"{name_other} while it writes {name_out})")
+
+
 def channels_last_copy_entry(k, a):
     """Grid (B * cdiv(C, BLOCK_C) * cdiv(HW, BLOCK_P),) for `ChannelsLastCopy`."""
-    if a.C * a.HW > INT32_MAX:
-        raise ValueError(f"C, HW: expected C*HW <= 2**31 - 1 elements per image, got {a.C}*{a.HW} = {a.C * a.HW}")
-    check_numel("x", a.x, a.B * a.C * a.HW, "B*C*HW")
-    check_numel("y", a.y, a.B * a.HW * a.C, "B*HW*C")
-    grid = check_grid(a.B * cdiv(a.C, k.block_c) * cdiv(a.HW, k.block_p))
-    x_first, y_first = a.x.data_ptr(), a.y.data_ptr()
-    nbytes = a.x.numel() * a.x.element_size()
-    if x_first < y_first + nbytes and y_first < x_first + nbytes:
-        raise ValueError("y: expected memory that does not overlap x's (the copy reads x while it writes y)")
-    return grid
+    return check_grid(_copy_grid(("x", "y", "B", "C", "HW"), a.x, a.y, a.B, a.C, a.HW, k.block_c, k.block_p))
+
+
+@triton.jit
+def transpose_tile(x, y, tile, C, HW, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Tile `tile` of the [B, C, HW] -> [B, HW, C] copy, tile = (b*cdiv(C, BLOCK_C) + tc) * cdiv(HW, BLOCK_P)
+    + tp: y[b, p, c] = x[b, c, p] for c in [tc*BLOCK_C, (tc+1)*BLOCK_C) and p in [tp*BLOCK_P, (tp+1)*BLOCK_P)
+    inside C and HW."""
+    num_p_tiles = tl.cdiv(HW, BLOCK_P)
+    num_c_tiles = tl.cdiv(C, BLOCK_C)
+    p_first = (tile % num_p_tiles) * BLOCK_P
+    c_first = ((tile // num_p_tiles) % num_c_tiles) * BLOCK_C
+    b = tile // (num_p_tiles * num_c_tiles)
+    image = b.to(tl.int64) * C * HW
+    c = tl.arange(0, BLOCK_C)
+    p = tl.arange(0, BLOCK_P)
+    inside = ((c_first + c) < C)[:, None] & ((p_first + p) < HW)[None, :]
+    # Offsets from the tile's corner stay below C*HW < 2**31 on every lane the mask keeps.
+    values = tl.load(x + (image + c_first.to(tl.int64) * HW + p_first) + (c[:, None] * HW + p[None, :]), mask=inside)
+    tl.store(y + (image + p_first.to(tl.int64) * C + c_first) + (p[None, :] * C + c[:, None]), values, mask=inside)
 
 
 @triton.jit
@@ -61,25 +95,56 @@ def channels_last_copy(x, y, B, C, HW, BLOCK_C: tl.constexpr, BLOCK_P: tl.conste
     for those inside C and HW. x and y contiguous, not overlapping; C*HW < 2**31 (offsets inside
     one image are i32, image offsets i64). Every element of y is written, once, bit for bit.
     """
+    transpose_tile(x, y, tl.program_id(0), C, HW, BLOCK_C, BLOCK_P)
+
+
+ChannelsLastCopy = kernel_object(channels_last_copy, example=(64, 64), entry=channels_last_copy_entry, num_warps=4,
+                                 helpers=(transpose_tile,))
+
+
+def channels_last_copy_pair_entry(k, a):
+    """Grid (the x copy's tiles + the weight copy's tiles,) for `ChannelsLastCopyPair`."""
+    x_tiles = _copy_grid(("x", "y", "B", "C", "HW"), a.x, a.y, a.B, a.C, a.HW, k.block_c, k.block_p)
+    w_tiles = _copy_grid(("w", "w_cl", "C_OUT", "C_IN", "TAPS"), a.w, a.w_cl, a.C_OUT, a.C_IN, a.TAPS, k.w_block_c,
+                         k.w_block_p)
+    for name_out, t_out, name_other, t_other in (("y", a.y, "w", a.w), ("w_cl", a.w_cl, "x", a.x),
+                                                 ("w_cl", a.w_cl, "y", a.y)):
+        _check_apart(name_out, t_out, name_other, t_other)
+    return check_grid(x_tiles + w_tiles)
+
+
+@triton.jit
+def channels_last_copy_pair(x, y, B, C, HW, w, w_cl, C_OUT, C_IN, TAPS, BLOCK_C: tl.constexpr,
+                            BLOCK_P: tl.constexpr, W_BLOCK_C: tl.constexpr, W_BLOCK_P: tl.constexpr):
+    """Two channels-last copies in one launch: x [B, C, HW] into y [B, HW, C] in BLOCK_C x BLOCK_P tiles, and a
+    convolution weight w [C_OUT, C_IN, TAPS] into w_cl [C_OUT, TAPS, C_IN] in W_BLOCK_C x W_BLOCK_P tiles.
+
+    Grid: (X + Wt,) with X = B*cdiv(C, BLOCK_C)*cdiv(HW, BLOCK_P) and Wt = C_OUT*cdiv(C_IN, W_BLOCK_C)*
+    cdiv(TAPS, W_BLOCK_P). Program i < X copies tile i of x as `ChannelsLastCopy`'s program i does; program
+    X + j tile j of w. A convolution's forward needs both, and one launch saves a launch's host time and, in
+    a CUDA graph, the wait between two kernels. Same contract as `ChannelsLastCopy` for each pair: contiguous,
+    not overlapping, fewer than 2**31 elements per image (per weight row); every element of y and w_cl is
+    written, once, bit for bit.
+    """
     pid = tl.program_id(0)
-    num_p_tiles = tl.cdiv(HW, BLOCK_P)
-    num_c_tiles = tl.cdiv(C, BLOCK_C)
-    p_first = (pid % num_p_tiles) * BLOCK_P
-    c_first = ((pid // num_p_tiles) % num_c_tiles) * BLOCK_C
-    b = pid // (num_p_tiles * num_c_tiles)
-    image = b.to(tl.int64) * C * HW
-    c = tl.arange(0, BLOCK_C)
-    p = tl.arange(0, BLOCK_P)
-    inside = ((c_first + c) < C)[:, None] & ((p_first + p) < HW)[None, :]
-    # Offsets from the tile's corner stay below C*HW < 2**31 on every lane the mask keeps.
-    tile = tl.load(x + (image + c_first.to(tl.int64) * HW + p_first) + (c[:, None] * HW + p[None, :]), mask=inside)
-    tl.store(y + (image + p_first.to(tl.int64) * C + c_first) + (p[None, :] * C + c[:, None]), tile, mask=inside)
+    x_tiles = B * tl.cdiv(C, BLOCK_C) * tl.cdiv(HW, BLOCK_P)
+    if pid < x_tiles:
+        transpose_tile(x, y, pid, C, HW, BLOCK_C, BLOCK_P)
+    else:
+        transpose_tile(w, w_cl, pid - x_tiles, C_IN, TAPS, W_BLOCK_C, W_BLOCK_P)
 
 
-ChannelsLastCopy = kernel_object(channels_last_copy, example=(64, 64), entry=channels_last_copy_entry, num_warps=4)
+ChannelsLastCopyPair = kernel_object(channels_last_copy_pair, example=(64, 64, 256, 16),
+                                     entry=channels_last_copy_pair_entry, num_warps=4, helpers=(transpose_tile,))
 
 
 @functools.lru_cache(maxsize=None)
 def channels_last_kernel(block_c, block_p, dtype):
     """The `ChannelsLastCopy` instance for these tiles and element type, made once."""
     return ChannelsLastCopy(block_c, block_p, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def channels_last_pair_kernel(tiles, weight_tiles, dtype):
+    """The `ChannelsLastCopyPair` instance for these tiles (x's, the weight's) and element type, made once."""
+    return ChannelsLastCopyPair(*tiles, *weight_tiles, dtype=dtype)
