@@ -75,7 +75,7 @@ def test_two_threads_launch_one_new_kernel_object():
     constants = dict(kh=5, kw=2, stride_h=2, stride_w=1, pad_h=2, pad_w=0, g=1, block_ow=16)
     options = dict(num_warps=2, num_stages=2)
     first = Conv2dForward(**constants, **options)
-    assert not any(first.hash == launched for launched, _ in _LAUNCHED), "precondition: the kernel must be new"
+    assert not any(first.hash == key[0] for key in _LAUNCHED), "precondition: the kernel must be new"
     B, C_IN, C_OUT, H, W = 1, 3, 2, 5, 7
     OH, OW = (H + 4 - 5) // 2 + 1, W - 1
     inputs = [(randn(B, C_IN, H, W), randn(C_OUT, C_IN, 5, 2)) for _ in range(THREADS)]

@@ -214,3 +214,32 @@ def test_a_launch_switches_device_only_to_leave_the_current_one(monkeypatch):
         with _on_device(device):
             pass
     assert switched == [torch.device("cuda", 1)]
+
+
+def test_each_launch_runs_the_kernel_compiled_for_its_arguments():
+    """After a compiled kernel's first launch, later ones skip Triton's search for it, keyed on what Triton
+    specialises on: each pointer's 16-byte alignment and each size's divisibility by 16 or being 1. Launches
+    that change one of those in turn (and go back) must each get the right kernel, so the right result."""
+    from nnkernels.ops.layout import ChannelsLastCopy
+
+    kernel = ChannelsLastCopy(16, 16)
+    source = randn(2 * 33 * 32 + 1)
+    for offset, b, c, hw in [(0, 2, 32, 16), (1, 2, 32, 16), (0, 2, 33, 16), (0, 1, 32, 16), (0, 2, 32, 1),
+                             (1, 2, 33, 1), (0, 2, 32, 16)]:
+        x = source[offset:offset + b * c * hw].view(b, c, hw)
+        y = poisoned(b * hw * c + 1)[offset:offset + b * hw * c]  # the output's alignment follows the input's
+        kernel.launch(x, y, b, c, hw)
+        assert torch.equal(y.view(b, hw, c), x.permute(0, 2, 1)), (offset, b, c, hw)
+
+
+def test_an_int_given_for_a_float_argument_is_a_float():
+    """Triton compiles for an argument's Python type, so an int eps would compile a kernel with eps baked in
+    as an int (1 even as a constant); the launch passes fp32 arguments as floats, whatever the caller gave."""
+    kernel = nk.BatchNorm2dNchwForwardInference(16)
+    x, weight, bias, mean = randn(2, 3, 4, 4), randn(3), randn(3), randn(3)
+    var = randn(3).abs() + 0.5
+    for eps in (1, 0.25, 2, 1.0):
+        y = poisoned(2, 3, 4, 4)
+        kernel.launch(x, y, weight, bias, mean, var, 3, 16, eps)
+        expected = (x - mean[:, None, None]) / (var[:, None, None] + eps).sqrt() * weight[:, None, None]
+        torch.testing.assert_close(y, expected + bias[:, None, None], rtol=1e-5, atol=1e-5)
