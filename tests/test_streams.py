@@ -1,12 +1,14 @@
-"""`side_by_side`: the convolution backward's dw on a side stream beside dx keeps one stream's ordering and
-results (bitwise, against the two run one after the other)."""
+"""`side_by_side`: the convolution backward's dw on a side stream beside dx while a CUDA graph is captured, one
+after the other otherwise; the fork keeps one stream's ordering and the results (bitwise, against the two run
+one after the other)."""
 import importlib
 
 import pytest
 import torch
 from support import DEVICE, assert_close, gpu, randn
 
-from nnkernels.functional.streams import side_by_side
+from nnkernels.functional import streams
+from nnkernels.functional.streams import forked, side_by_side
 
 conv_module = importlib.import_module("nnkernels.functional.conv2d")
 
@@ -15,6 +17,19 @@ def test_side_by_side_returns_both_results():
     x = randn(64)
     main_result, (side_result,) = side_by_side(x.device, lambda: x * 2, lambda: (x + 1,))
     assert torch.equal(main_result, x * 2) and torch.equal(side_result, x + 1)
+
+
+@gpu
+def test_side_by_side_forks_only_while_a_graph_is_captured(monkeypatch):
+    calls = []
+    monkeypatch.setattr(streams, "forked", lambda device, main_work, side_work: calls.append(device) or
+                        (main_work(), side_work()))
+    x = randn(64)
+    side_by_side(x.device, lambda: x * 2, lambda: (x + 1,))
+    assert calls == []
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        side_by_side(x.device, lambda: x * 2, lambda: (x + 1,))
+    assert calls == [x.device]
 
 
 @gpu
@@ -31,7 +46,7 @@ def test_side_work_waits_for_earlier_work_and_later_work_waits_for_it():
         out.copy_(x + 1)
         return (out,)
 
-    main_result, _ = side_by_side(x.device, lambda: x * 2, side_work)
+    main_result, _ = forked(x.device, lambda: x * 2, side_work)
     after = out * 3
     assert bool((main_result == 2).all()) and bool((after == 6).all())
 
@@ -41,14 +56,17 @@ def test_side_work_waits_for_earlier_work_and_later_work_waits_for_it():
 @pytest.mark.parametrize("shape, weight_shape, padding", [((4, 32, 14, 14), (64, 32, 1, 1), 0),
                                                           ((4, 32, 14, 14), (32, 32, 3, 3), 1)],
                          ids=["pointwise", "3x3"])
-def test_backward_beside_equals_one_after_the_other(monkeypatch, dtype, shape, weight_shape, padding):
+def test_backward_beside_equals_one_after_the_other(dtype, shape, weight_shape, padding):
+    """Captured in a CUDA graph, the backward forks (dw beside dx); eager, it runs them in turn: same bits."""
     x, w, b = randn(*shape, dtype=dtype), randn(*weight_shape, dtype=dtype), randn(weight_shape[0], dtype=dtype)
     y = conv_module.conv2d(x, w, b, padding=padding)
     dy = randn(*y.shape, dtype=dtype)
     args = (dy, x, w, [1, 1], [padding, padding], [1, 1], 1, True, True, True)
-    beside = torch.ops.nnkernels.conv2d_backward(*args)
-    monkeypatch.setattr(conv_module, "side_by_side", lambda device, main_work, side_work: (main_work(), side_work()))
     in_turn = torch.ops.nnkernels.conv2d_backward(*args)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        beside = torch.ops.nnkernels.conv2d_backward(*args)
+    graph.replay()
     for got, want in zip(beside, in_turn):
         assert torch.equal(got, want)
     x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))

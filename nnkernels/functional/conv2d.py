@@ -14,7 +14,8 @@ weight, a strided one is written channels-last, then transposed; at stride 1 on 
 forward also from TMA boxes, tuning's first guess on planes of at most 256 pixels, and dw from TMA
 boxes, but in fp32 on planes of at most 256 pixels (4096 with TF32 off) as one 1x1 product of the input
 unfolded rows-outer), straight from NCHW else.
-On the GPU the backward runs dw (and its reduce) on a side stream beside dx (`streams.side_by_side`).
+While a CUDA graph is captured, the backward runs dw (and its reduce) on a side stream beside dx
+(`streams.side_by_side`).
 Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a call uses,
 and every launch is logged at DEBUG level on the "nnkernels" logger.
 """

@@ -1,5 +1,6 @@
-"""`side_by_side(device, main_work, side_work)`: two independent pieces of an op's work at once, the second
-on a side stream forked from the current stream and joined back to it.
+"""`side_by_side(device, main_work, side_work)`: two independent pieces of an op's work, at once while a CUDA
+graph is being captured (the second on a side stream forked from the current stream and joined back to it),
+one after the other otherwise.
 
 A convolution's backward is two independent products, dx and dw (with its ordered reduce). Several of
 them leave the GPU partly idle (memory-bound 1x1 products at a quarter of the copy rate, grids whose
@@ -7,6 +8,11 @@ last wave fills few SMs), so running dw beside dx overlaps the two; the kernels 
 the same, bit for bit. On the H200 (B32, backward, CUDA-graph replay, same process): bf16 1x1 256->64
 @56 62.8 -> 52.7 µs, TF32 97.6 -> 81.4; bf16 512@7 80.9 -> 73.8; the stem 278.0 -> 257.8 (bf16) and
 374.3 -> 353.8 (TF32); bf16 128@28 lost, 76.1 -> 81.5 (BENCHMARKS.md, thirteenth session).
+
+Outside a capture the fork is not worth its host time: it costs 20 to 130 µs of Python and stream calls per
+backward, and an eager convolution's host time exceeds its GPU time, so the GPU has nothing to overlap. On
+the H200 machine (eager 3x3 forward + backward, eighteenth session) one after the other was faster at every
+size tried, up to B128 64@56 fp32: 1.33 against 1.53 ms a step.
 
 Ordering is that of one stream: the side stream waits for everything queued on the current stream
 before the fork, and the current stream waits for the side stream before anything queued after the
@@ -33,11 +39,17 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def side_by_side(device: torch.device, main_work, side_work):
-    """(main_work(), side_work()): on a CUDA `device`, side_work's kernels on the side stream, main_work's on
-    the current stream, both after the current stream's earlier work and before its later work; elsewhere
-    one after the other. side_work returns a tuple of tensors."""
-    if device.type != "cuda":
+    """(main_work(), side_work()): while a CUDA graph is being captured on `device`, side_work's kernels on the
+    side stream and main_work's on the current stream, both after the current stream's earlier work and
+    before its later work (`forked`); otherwise one after the other. side_work returns a tuple of tensors."""
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
         return main_work(), side_work()
+    return forked(device, main_work, side_work)
+
+
+def forked(device: torch.device, main_work, side_work):
+    """(main_work(), side_work()) with side_work's kernels on `device`'s side stream, forked from the current
+    stream and joined back to it; side_work returns a tuple of tensors."""
     main = torch.cuda.current_stream(device)
     side = _side_stream(device)
     side.wait_stream(main)
