@@ -239,6 +239,27 @@ def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     assert tuning.choose("conv", (9,), lambda: candidates, ran.append) == candidates[0] and not ran
 
 
+def test_a_remembered_choice_is_answered_from_memory(tmp_path, monkeypatch):
+    """After its first answer for a kind and shape, `choose` answers again without building the full key (19 µs
+    of an eager step's host time on the H200 machine), until the store is read in again."""
+    monkeypatch.setenv("NNKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NNKERNELS_TUNE", "full")
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "_memory", None)
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(tuning, "_time_ms", lambda run, config: float(config.block_m))
+    built = []
+    monkeypatch.setattr(tuning, "_full_key", lambda kind, key: built.append(key) or f"{kind}|{key}")
+    candidates = [tuning.Config(64, 16, 16), tuning.Config(32, 16, 16)]
+    for _ in range(3):
+        assert tuning.choose("conv", (3, 4), lambda: candidates, lambda config: None) == candidates[1]
+    assert built == [(3, 4)]
+    monkeypatch.setattr(tuning, "_memory", None)  # read in again (a test's store, say): the file answers
+    assert tuning.choose("conv", (3, 4), lambda: candidates, lambda config: None) == candidates[1]
+    assert built == [(3, 4), (3, 4)]
+
+
 def test_a_remembered_choice_holds_only_for_the_kernel_sources_it_timed(monkeypatch):
     """A kernel whose source changes (a library upgrade) gets its shapes tuned again: the key of a
     remembered choice changes with any kernel's source, and only with the library's kernels."""
