@@ -48,8 +48,10 @@ class Case:
 
 
 CONV_NCHW = ("Conv2dGemmForward", "Conv2dGemmDx", "Conv2dGemmDw", "Conv2dDwReduce")
-CONV_CL = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dGemmClDx", "Conv2dGemmClDw", "Conv2dDwReduce")
-CONV_CL_TMA = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dTmaDw", "Conv2dDwReduce")  # dx: the forward kernel
+CONV_CL = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dGemmClDx", "Conv2dGemmClDw",
+           "Conv2dDwReduce")
+CONV_CL_TMA = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dTmaDw",
+               "Conv2dDwReduce")  # dx: the forward kernel
 CONV_DEPTHWISE = ("Conv2dDepthwiseForward", "Conv2dDepthwiseDx", "Conv2dDepthwiseDw", "Conv2dDwReduce")
 BN_FUSED = ("BatchNorm2dTrainForwardFused", "BatchNorm2dTrainBackwardFused", "BatchNorm2dUpdateRunningStats")
 BN_SPLIT = ("BatchNorm2dPartialStats", "BatchNorm2dTrainNormalize", "BatchNorm2dPartialGradSums",
