@@ -176,6 +176,10 @@ class KernelObject:
         self.hash = hashlib.sha256(key.encode()).hexdigest()
         self._compiled: dict[str, CompiledKernel] = {}
         self._constant_slots = tuple(values.get(name) for name in cls._param_names)
+        # (argument, what it must be: int for an i32, float for an fp32, else a tensor's dtype), made once so that
+        # a launch's checks look nothing up
+        self._arg_checks = tuple((arg, int if kind == "i32" else float if kind == "fp32" else _TORCH_DTYPES[kind[1:]])
+                                 for arg, kind in self.signature.items())
 
     def _bind_constants(self, positional, named) -> dict:
         cls = type(self)
@@ -228,10 +232,16 @@ class KernelObject:
             )
         named = SimpleNamespace(**dict(zip(cls.arg_names, args)))
         device = None
-        for arg, value in zip(cls.arg_names, args):
-            kind = self.signature[arg]
-            if kind.startswith("*"):
-                expected = _TORCH_DTYPES[kind[1:]]
+        for (arg, expected), value in zip(self._arg_checks, args):
+            if expected is int:
+                if type(value) is not int and (not isinstance(value, int) or isinstance(value, bool)):
+                    raise TypeError(f"{arg}: expected an int, got {type(value).__name__}")
+                if not 1 <= value <= INT32_MAX:
+                    raise ValueError(f"{arg}: expected an int in [1, 2**31 - 1], got {value}")
+            elif expected is float:
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise TypeError(f"{arg}: expected a float, got {type(value).__name__}")
+            else:
                 if not isinstance(value, torch.Tensor):
                     raise TypeError(f"{arg}: expected a torch.Tensor of {expected}, got {type(value).__name__}")
                 if value.dtype != expected:
@@ -242,13 +252,6 @@ class KernelObject:
                     raise ValueError(f"{arg}: expected a tensor on {device} like {cls.arg_names[0]}, got {value.device}")
                 if not value.is_contiguous():
                     raise ValueError(f"{arg}: expected a contiguous tensor, got strides {tuple(value.stride())}")
-            elif kind == "i32":
-                if not isinstance(value, int) or isinstance(value, bool):
-                    raise TypeError(f"{arg}: expected an int, got {type(value).__name__}")
-                if not 1 <= value <= INT32_MAX:
-                    raise ValueError(f"{arg}: expected an int in [1, 2**31 - 1], got {value}")
-            elif not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise TypeError(f"{arg}: expected a float, got {type(value).__name__}")
         if device.type == "cpu" and not INTERPRETED:
             raise ValueError(
                 f"{cls.arg_names[0]}: CPU tensors need Triton's interpreter, but this process runs Triton "
