@@ -59,12 +59,12 @@ def _on_device(device: torch.device):
     return torch.cuda.device(device)
 
 
-def _specialization(arg_kinds, args) -> tuple:
-    """What Triton specialises a compiled kernel on, of these launch arguments: each pointer's 16-byte
-    alignment, each i32's divisibility by 16 and equality to 1 (dtypes are fixed by the kernel object,
-    and every i32 is in [1, 2**31 - 1])."""
-    return tuple(value.data_ptr() % 16 == 0 if kind == "pointer" else (value % 16 == 0, value == 1)
-                 for kind, value in zip(arg_kinds, args) if kind != "float")
+def _specialization(arg_checks, args) -> tuple:
+    """What Triton specialises a compiled kernel on, of these launch arguments (`arg_checks`: a kernel object's
+    (name, int / float / dtype) per argument): each pointer's 16-byte alignment, each i32's divisibility by 16
+    and equality to 1 (dtypes are fixed by the kernel object, and every i32 is in [1, 2**31 - 1])."""
+    return tuple((value % 16 == 0, value == 1) if expected is int else value.data_ptr() % 16 == 0
+                 for (_, expected), value in zip(arg_checks, args) if expected is not float)
 
 
 def _can_run_directly(compiled) -> bool:
@@ -232,6 +232,7 @@ class KernelObject:
             )
         named = SimpleNamespace(**dict(zip(cls.arg_names, args)))
         device = None
+        has_floats = False
         for (arg, expected), value in zip(self._arg_checks, args):
             if expected is int:
                 if type(value) is not int and (not isinstance(value, int) or isinstance(value, bool)):
@@ -241,6 +242,7 @@ class KernelObject:
             elif expected is float:
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
                     raise TypeError(f"{arg}: expected a float, got {type(value).__name__}")
+                has_floats = True
             else:
                 if not isinstance(value, torch.Tensor):
                     raise TypeError(f"{arg}: expected a torch.Tensor of {expected}, got {type(value).__name__}")
@@ -258,8 +260,9 @@ class KernelObject:
                 "compiled; set TRITON_INTERPRET=1 before importing nnkernels, or pass CUDA tensors"
             )
         grid = cls._entry(self, named)
-        if "float" in cls._arg_kinds:  # an int given for an fp32 argument would make Triton compile for an int
-            args = tuple(float(value) if kind == "float" else value for kind, value in zip(cls._arg_kinds, args))
+        if has_floats:  # an int given for an fp32 argument would make Triton compile for an int
+            args = tuple(float(value) if expected is float else value
+                          for (_, expected), value in zip(self._arg_checks, args))
         with _on_device(device):
             if INTERPRETED:
                 # The interpreter patches Triton's language for the whole process while it runs, so
@@ -267,7 +270,7 @@ class KernelObject:
                 with _FIRST_LAUNCH:
                     cls._runner[grid](*args, **self.constants, num_warps=self.num_warps, num_stages=self.num_stages)
                 return
-            first = (self.hash, device.index, _specialization(cls._arg_kinds, args))
+            first = (self.hash, device.index, _specialization(self._arg_checks, args))
             if first in _LAUNCHED:
                 compiled = _LAUNCHED[first]
                 if compiled is None:
@@ -387,7 +390,6 @@ def kernel_object(
         __doc__=fn.__doc__,
         __module__=fn.__module__,
         _arg_types=arg_types,
-        _arg_kinds=tuple("float" if t == "fp32" else "i32" if t == "i32" else "pointer" for t in arg_types.values()),
         _param_names=tuple(params),
         _arg_positions=tuple(list(params).index(arg) for arg in arg_names),
         _entry=staticmethod(entry),
