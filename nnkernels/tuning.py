@@ -69,6 +69,7 @@ class Config:
     tma: bool = False  # the channels-last forward's tiles as TMA boxes (`Conv2dTmaForward`)
     m_tiles: int = 0  # the 1x1 kernels' channel tiles per program over one whole-reduction x tile (0: K in slices)
     image_pixels: int = 0  # the channels-last forward's pixels of one image per tile (0: `image_tile`'s choice)
+    winograd: bool = False  # Winograd F(2x2, 3x3) (`functional.winograd`), these the products' tiles
 
 
 def mode() -> str:
@@ -658,4 +659,33 @@ def pointwise_dw_candidates(c_out: int, c_in: int, pixels: int, batch: int, dtyp
         steps = batch * -(-pixels // block_k)
         split = max(1, min(-(-oversubscribe * _num_sms() // tiles), steps // 4))
         configs.append(Config(block_m, block_n, block_k, warps, stages, split))
+    return list(dict.fromkeys(configs))
+
+
+def winograd_candidates(rows: int, channels: int) -> list[Config]:
+    """Tiles of the Winograd forward's 16 products (`Conv2dWinogradProducts`: `rows` output channels by T
+    tiles, reducing over `channels`). On the H200 (B32, full fp32, nineteenth session, µs per the 16 products):
+    128@28 128 x 64 70.0, 64 x 64 71.1, 64 x 128 72.1, 128 x 128 (8 warps) 72.2; 256@14 68.4, -, 72.2, 75.6;
+    64@56 (64 rows) 64 x 64 88.7, 64 x 128 90.3, 128 x 64 146.5. The interpreter takes one large tile."""
+    if INTERPRETED:
+        return [Config(_clamp_pow2(rows, 16, 64), 64, _clamp_pow2(channels, 16, 64), 4, 1, winograd=True)]
+    configs = [Config(128, 64, 32, 4, 4, winograd=True)] if rows >= 128 else []
+    configs += [Config(64, 64, 32, 4, 4, winograd=True), Config(64, 128, 32, 4, 4, winograd=True),
+                Config(128, 128, 32, 8, 3, winograd=True)]
+    return configs
+
+
+def winograd_dw_candidates(c_out: int, c_in: int, tiles: int) -> list[Config]:
+    """Tiles and split of the Winograd weight gradient's 16 products (c_out x c_in, reducing over the T
+    `tiles`), split until about two programs per SM run (`_dw_split`). On the H200 (B32, full fp32,
+    nineteenth session, µs): 128@28 128 x 64 split 8 55.3, split 16 61.6, split 4 74.7; 64@56 64 x 64 split
+    16 71.3; 256@14 128 x 64 split 2 54.1, split 4 59.0."""
+    if INTERPRETED:
+        return [Config(_clamp_pow2(c_out, 16, 64), _clamp_pow2(c_in, 16, 64), 64, 4, 1, 2, winograd=True)]
+    tiles_tried = ((128, 64, 4, 4), (64, 64, 4, 4), (128, 128, 8, 3)) if c_out >= 128 else ((64, 64, 4, 4),
+                                                                                            (64, 128, 4, 4))
+    configs = []
+    for block_m, block_n, warps, stages in tiles_tried:
+        programs = -(-c_out // block_m) * -(-c_in // block_n) * 16
+        configs.append(Config(block_m, block_n, 32, warps, stages, _dw_split(programs, tiles, 32, 2), winograd=True))
     return list(dict.fromkeys(configs))

@@ -15,8 +15,10 @@ On the GPU the cases use shapes that take the GPU's plans (`gpu`). On the CPU th
 on tiny shapes (`cpu`) of one case per op, as a dry run of this file's logic: the interpreter runs
 programs one by one, so there it proves the harness, not the kernels.
 """
+import contextlib
 import importlib
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -45,6 +47,8 @@ class Case:
     expects: tuple  # kernel class names a GPU run must launch
     options: dict = field(default_factory=dict)
     dtype: torch.dtype = torch.float32
+    tf32: bool = True  # torch.backends.cudnn.allow_tf32 during the runs
+    tuned: bool = True  # False: NNKERNELS_TUNE=off, the heuristic's first guess (a path tuning might not take)
 
 
 CONV_NCHW = ("Conv2dGemmForward", "Conv2dGemmDx", "Conv2dGemmDw", "Conv2dDwReduce")
@@ -89,6 +93,12 @@ CASES = {
                                       dict(x=(2, 16, 5, 5), w=(16, 16, 3, 3)),
                                       ("ChannelsLastCopyPair", "Conv2dTmaForward", "Unfold2d", "Conv2dPointwiseDw",
                                        "Conv2dDwReduce"), dict(padding=1, bias=True)),
+    # Winograd F(2x2, 3x3): full fp32 (TF32 off), 3x3 stride 1, at least 64 channels; the first guess on 28x28.
+    "conv2d-winograd-fp32": Case("conv2d", dict(x=(8, 64, 28, 28), w=(64, 64, 3, 3)),
+                                 dict(x=(1, 16, 4, 4), w=(16, 16, 3, 3)),
+                                 ("Conv2dWinogradWeight", "Conv2dWinogradInput", "Conv2dWinogradProducts",
+                                  "Conv2dWinogradOutput", "Conv2dWinogradDy", "Conv2dWinogradDwFinish"),
+                                 dict(padding=1, bias=True), tf32=False, tuned=False),
     "conv2d-nchw-grouped-dilated-bf16": Case("conv2d", dict(x=(4, 48, 20, 20), w=(96, 12, 3, 3)),
                                              dict(x=(1, 4, 6, 6), w=(4, 1, 3, 3)), CONV_NCHW,
                                              dict(padding=2, dilation=2, groups=4, bias=True), torch.bfloat16),
@@ -174,10 +184,27 @@ def launched_classes(records):
     return {name for name, cls in CLASSES.items() if re.search(rf"(?<![a-z0-9_]){cls.name}__", text)}
 
 
+@contextlib.contextmanager
+def case_settings(case):
+    """TF32 and tuning as `case` asks, restored after."""
+    saved_tf32, saved_tune = torch.backends.cudnn.allow_tf32, os.environ.get("NNKERNELS_TUNE")
+    torch.backends.cudnn.allow_tf32 = case.tf32
+    if not case.tuned:
+        os.environ["NNKERNELS_TUNE"] = "off"
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved_tf32
+        if saved_tune is None:
+            os.environ.pop("NNKERNELS_TUNE", None)
+        else:
+            os.environ["NNKERNELS_TUNE"] = saved_tune
+
+
 def check_case(case, sizes, caplog, expect_kernels):
     leaves = make_inputs(case, sizes)
     runs = []
-    with caplog.at_level(logging.DEBUG, logger="nnkernels"):
+    with caplog.at_level(logging.DEBUG, logger="nnkernels"), case_settings(case):
         for _ in range(RUNS if expect_kernels else 2):
             runs.append(run_once(case, leaves))
     launched = launched_classes(caplog.records)

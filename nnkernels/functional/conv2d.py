@@ -41,10 +41,13 @@ from ..ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw, Conv2dPoi
 from ..ops.conv2d_rows_forward import Conv2dRowsForward
 from ..ops.conv2d_tma_dw import Conv2dTmaDw
 from ..ops.conv2d_tma_forward import Conv2dTmaForward
+from ..ops.conv2d_winograd import Conv2dWinogradDy, Conv2dWinogradInput, Conv2dWinogradOutput, Conv2dWinogradWeight
+from ..ops.conv2d_winograd_products import Conv2dWinogradDwFinish, Conv2dWinogradProducts
 from ..ops.layout import ChannelsLastCopy, ChannelsLastCopyPair
 from ..ops.subsample import Subsample2dBackward, Subsample2dForward
 from ..ops.unfold import Fold2d, Unfold2d
 from .layout import channels_first, channels_last, channels_last_pair, subsample, subsample_backward
+from . import winograd
 from .streams import side_by_side
 from .unfold import fold_into, fold_kernel, unfold, unfold_kernel
 
@@ -72,6 +75,12 @@ KERNELS = (
     ChannelsLastCopyPair,
     Subsample2dForward,
     Subsample2dBackward,
+    Conv2dWinogradWeight,
+    Conv2dWinogradInput,
+    Conv2dWinogradProducts,
+    Conv2dWinogradOutput,
+    Conv2dWinogradDy,
+    Conv2dWinogradDwFinish,
 )
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CHANNELS_LAST_MULTIPLE = 16
@@ -94,6 +103,15 @@ UNFOLD_MIN_PIXELS = 1024
 # three products cost more: the backward (dx + dw, same run) at 28x28 404 -> 329 µs, at 56x56 399 -> 375.
 UNFOLD_DW_MAX_PIXELS = 256
 UNFOLD_DW_MAX_PIXELS_FULL_FP32 = 4096
+# Winograd F(2x2, 3x3) (`functional.winograd`) is offered to tuning for full-fp32 3x3 stride-1 pad-1 layers with
+# at least this many channels in and out, on planes of at most UNFOLD_DW_MAX_PIXELS_FULL_FP32 pixels (where
+# the direct dw it competes with is the unfolded one), and tried first on planes of at most
+# WINOGRAD_FIRST_PIXELS. On the H200 (B32, nineteenth session, µs, forward / dw; our direct kernels / cuDNN):
+# 128@28 119.4 / 110.6 against 139.5 / 175.6 and 129.0 / 116.4; 256@14 98.6 / 95.5 against 138.0 / - and
+# 254.8 / 95.4; 64@56 171.2 / 169.6 against 135.6 / - and 256.6 / 298.3. With fewer channels the products are
+# too thin for the transforms' traffic to pay.
+WINOGRAD_MIN_CHANNELS = 64
+WINOGRAD_FIRST_PIXELS = 28 * 28
 # The unfold geometry that lays dy out rows-outer: a 1x1 window, stride 1, no padding.
 ROWS_OUTER_COPY = (1, 1, 1, 1, 0, 0, 1, 1)
 
@@ -279,6 +297,9 @@ class _Problem:
         self.rows_outer_dw = (dtype == torch.float32 and self.channels_last and not self.pointwise
                               and self.stride == (1, 1) and self.OH * self.OW <= most_pixels)
         self.unfolded_dw = self.unfolded or self.rows_outer_dw
+        self.winograd = (self.rows_outer_dw and not self.tf32 and self.geometry == (3, 3, 1, 1, 1, 1, 1, 1)
+                         and min(self.C_IN, self.C_OUT) >= WINOGRAD_MIN_CHANNELS and winograd.enabled()
+                         and winograd.fits(self.B, self.H, self.W, max(self.C_IN, self.C_OUT)))
         # The forward's channels-last copy of x pays off over KH*KW taps; for a 1x1 convolution
         # the NCHW kernel measured faster on the H200 (bf16 0.23 vs 0.27 ms, TF32 0.18 vs 0.31 ms).
         self.forward_channels_last = self.channels_last and self.KH * self.KW > 1 and not self.pointwise
@@ -294,7 +315,7 @@ class _Problem:
         # dx pixels of one stride phase of one image (the gather-form dx kernels' unit of work)
         self.pixels_per_phase = -(-self.H // stride[0]) * -(-self.W // stride[1])
         self.key = (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.geometry, groups, str(dtype), self.tf32,
-                    has_bias)
+                    has_bias, self.winograd)
 
     @property
     def sizes(self):
@@ -311,8 +332,20 @@ class _Problem:
         """The channels-last forward's configs, `Conv2dTmaForward`'s boxes among them where it runs (stride 1,
         a GPU with a TMA unit or the interpreter)."""
         boxes = self.stride == (1, 1) and _has_tma(device)
-        return tuning.channels_last_candidates(self.B, self.OH * self.OW, self.C_OUT, self.C_IN, self.dtype,
-                                               taps=self.KH * self.KW, tma_plane=(self.OH, self.OW) if boxes else None)
+        direct = tuning.channels_last_candidates(self.B, self.OH * self.OW, self.C_OUT, self.C_IN, self.dtype,
+                                                 taps=self.KH * self.KW, tma_plane=(self.OH, self.OW) if boxes else None)
+        if not self.winograd:
+            return direct
+        return self._with_winograd(direct, tuning.winograd_candidates(self.C_OUT, self.C_IN))
+
+    def _with_winograd(self, direct, winograd_configs):
+        """A candidate list with Winograd's configs: its first guess first on planes of at most
+        WINOGRAD_FIRST_PIXELS (second on larger ones, so that quick tuning times it), the others last. The
+        interpreter keeps the direct kernels' first guess first."""
+        if INTERPRETED:
+            return direct + winograd_configs
+        place = 0 if self.OH * self.OW <= WINOGRAD_FIRST_PIXELS else 1
+        return direct[:place] + winograd_configs[:1] + direct[place:] + winograd_configs[1:]
 
     def cl_dx_candidates(self):
         return tuning.channels_last_candidates(self.B, self.pixels_per_phase, self.C_IN, self.C_OUT, self.dtype)
@@ -495,8 +528,12 @@ class _Problem:
     def unfolded_dw_candidates(self):
         smallest_slice = min(end - first for first, end in self.unfold_slices(self.dtype.itemsize))
         if self.rows_outer_dw:
-            return tuning.rows_outer_dw_candidates(self.C_OUT, self.unfolded_rows, smallest_slice * self.OH * self.OW,
-                                                   self.dtype)
+            direct = tuning.rows_outer_dw_candidates(self.C_OUT, self.unfolded_rows, smallest_slice * self.OH * self.OW,
+                                                     self.dtype)
+            if not self.winograd:
+                return direct
+            tiles = winograd.tiles_of(self.B, self.H, self.W)
+            return self._with_winograd(direct, tuning.winograd_dw_candidates(self.C_OUT, self.C_IN, tiles))
         return tuning.pointwise_dw_candidates(self.C_OUT, self.unfolded_rows, self.OH * self.OW, smallest_slice,
                                               self.dtype)
 
@@ -528,6 +565,8 @@ def _cl_forward_kernels(problem, device):
     """The channels-last forward kernel tuning has remembered for `problem` (or its first guess), and the
     split-K sum after it when that config splits."""
     config = tuning.peek("conv2d_cl_forward", problem.key, problem.cl_forward_candidates(device))
+    if config.winograd:
+        return winograd.forward_kernels(config, problem.has_bias, problem.flip_taps)
     kernels = [problem.cl_forward_kernel(config)]
     if config.split > 1:
         kernels.append(problem.split_sum_kernel(problem.B * problem.C_OUT * problem.OH * problem.OW))
@@ -574,8 +613,11 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
             kernels.append(problem.dx_kernel(tuning.peek("conv2d_dx", problem.key, problem.dx_candidates())))
     if problem.unfolded_dw:
         dw_config = tuning.peek("conv2d_unfolded_dw", problem.key + (bias,), problem.unfolded_dw_candidates())
-        kernels += [problem.unfold_kernel(), *([problem.grad_rows_kernel()] if problem.rows_outer_dw else []),
-                    problem.pointwise_dw_kernel(dw_config, bias), problem.reduce_kernel(bias)]
+        if dw_config.winograd:
+            kernels += winograd.weight_gradient_kernels(dw_config, bias)
+        else:
+            kernels += [problem.unfold_kernel(), *([problem.grad_rows_kernel()] if problem.rows_outer_dw else []),
+                        problem.pointwise_dw_kernel(dw_config, bias), problem.reduce_kernel(bias)]
     else:
         tma_dw = problem.tma_dw(device)
         if tma_dw:
@@ -622,9 +664,9 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
             _dw_dbias(y, x, p, bias, pick=pick)
         return
     if p.forward_channels_last:
-        x_cl, w_cl = channels_last_pair(x, weight)
+        copies = functools.cache(lambda: channels_last_pair(x, weight))
         for config in pick(p.cl_forward_candidates(x.device)):
-            _cl_forward(p, config, x_cl, w_cl, bias_arg, y)
+            _forward_with(p, config, x, weight, bias_arg, y, copies)
     else:
         for config in pick(p.forward_candidates()):
             _launch(p.forward_kernel(config), x, weight, bias_arg, y, *p.sizes)
@@ -641,9 +683,9 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     dx = torch.empty_like(x)
     transposed = p.dx_forward()
     if transposed is not None:
-        w_forward = p.dx_forward_weight(weight)
+        copies = functools.cache(lambda: (y_cl, p.dx_forward_weight(weight)))
         for config in pick(transposed.cl_forward_candidates(x.device)):
-            _cl_forward(transposed, config, y_cl, w_forward, dx, dx)
+            _forward_with(transposed, config, y, weight, dx, dx, copies)
     elif p.dx_channels_last:
         w_t = p.cl_dx_weight(weight)
         for config in pick(p.cl_dx_candidates()):
@@ -666,6 +708,16 @@ def _cl_forward(problem, config, x_cl, w_cl, bias_arg, y):
     partial = torch.empty(config.split, y.numel(), dtype=torch.float32, device=y.device)
     _launch(kernel, x_cl, w_cl, bias_arg, y, partial, *problem.sizes)
     _launch(problem.split_sum_kernel(y.numel()), partial, y, y, config.split, y.numel(), problem.C_OUT)
+
+
+def _forward_with(problem, config, x, weight, bias_arg, y, channels_last_inputs):
+    """The forward of `problem` with `config`: Winograd's (`config.winograd`; `weight` as the caller has it,
+    transposed by the kernels for `dx_forward`'s problems), else the channels-last kernels' on
+    `channels_last_inputs()`'s (x_cl, w_cl)."""
+    if config.winograd:
+        winograd.forward(x, weight, bias_arg if problem.has_bias else None, y, config, transposed=problem.flip_taps)
+    else:
+        _cl_forward(problem, config, *channels_last_inputs(), bias_arg, y)
 
 
 def _unfolded_dx(problem, config, grad_y, weight_t, dx):
@@ -698,10 +750,9 @@ def _forward(x, weight, bias, stride, padding, dilation, groups):
         return y
 
     if problem.forward_channels_last:
-        x_cl, w_cl = channels_last_pair(x, weight)
-
+        # Made in each run: a timed direct config pays for its copies, as Winograd pays for its transforms.
         def run_cl(config):
-            _cl_forward(problem, config, x_cl, w_cl, bias_arg, y)
+            _forward_with(problem, config, x, weight, bias_arg, y, lambda: channels_last_pair(x, weight))
 
         run_cl(tuning.choose("conv2d_cl_forward", problem.key, lambda: problem.cl_forward_candidates(x.device), run_cl))
         return y
@@ -726,10 +777,12 @@ def _dx(grad_y, weight, problem, device, grad_y_cl=None):
     transposed = problem.dx_forward()
     if transposed is not None:
         dx = torch.empty(shape, dtype=problem.dtype, device=device)
-        w_forward = problem.dx_forward_weight(weight)
+
+        def copies():  # grad_y_cl is None where Winograd may run dx (`_backward`): then made here, by direct runs
+            return (grad_y_cl if grad_y_cl is not None else channels_last(grad_y)), problem.dx_forward_weight(weight)
 
         def run_forward(config):
-            _cl_forward(transposed, config, grad_y_cl, w_forward, dx, dx)  # no bias: dx stands in, unread
+            _forward_with(transposed, config, grad_y, weight, dx, dx, copies)  # no bias: dx stands in, unread
 
         run_forward(tuning.choose("conv2d_cl_forward", transposed.key,
                                   lambda: transposed.cl_forward_candidates(device), run_forward))
@@ -786,6 +839,9 @@ def _dw_dbias(grad_y, x, problem, with_bias, grad_y_cl=None, pick=None):
         out_size, plane, rows_outer = (problem.OH, problem.OW), problem.OH * problem.OW, problem.rows_outer_dw
 
         def run(config):  # each slice of the batch writes its own `split` partial rows
+            if config.winograd:
+                winograd.weight_gradient(grad_y, x, dw, dbias if with_bias else None, config)
+                return
             partial = torch.empty(len(slices) * config.split, row, dtype=torch.float32, device=x.device)
             kernel = problem.pointwise_dw_kernel(config, with_bias)
             for index, (first, end) in enumerate(slices):
@@ -896,7 +952,7 @@ def _backward(grad_y, x, weight, stride, padding, dilation, groups, need_dx, nee
     if tuple(grad_y.shape) != expected or grad_y.dtype != x.dtype or grad_y.device != x.device:
         raise ValueError(f"grad_y: expected {x.dtype} of shape {expected} on {x.device}, got {grad_y.dtype} "
                          f"{tuple(grad_y.shape)} on {grad_y.device}")
-    needs_cl = (need_dx and problem.dx_channels_last) or (
+    needs_cl = (need_dx and problem.dx_channels_last and not problem.winograd) or (
         (need_dw or need_dbias) and problem.channels_last and not problem.pointwise and not problem.unfolded_dw)
     grad_y_cl = channels_last(grad_y) if needs_cl else None
 
