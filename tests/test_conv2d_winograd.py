@@ -9,7 +9,7 @@ from support import DEVICE, assert_close, gpu, poisoned, randn
 
 from nnkernels import tuning
 from nnkernels.functional import winograd
-from nnkernels.functional.conv2d import _Problem, conv2d
+from nnkernels.functional.conv2d import _Problem, conv2d, kernels_for
 from nnkernels.ops.conv2d_winograd import Conv2dWinogradInput, Conv2dWinogradOutput, tiles_of
 from nnkernels.ops.conv2d_winograd_products import Conv2dWinogradProducts, products_row_size
 
@@ -119,6 +119,14 @@ def test_conv2d_runs_winograd_forward_and_backward(monkeypatch, exact_fp32):
     assert_close(y, y64, tol=TOLERANCE)
     for leaf, ref in zip(leaves, refs):
         assert_close(leaf.grad, ref.grad, tol=TOLERANCE)
+
+
+def test_kernels_for_names_the_winograd_passes(monkeypatch, exact_fp32):
+    monkeypatch.setattr(tuning, "peek", lambda kind, key, candidates: next(c for c in candidates if c.winograd))
+    names = [kernel_id.split("__")[0] for kernel_id in kernels_for((2, 64, 9, 9), (64, 64, 3, 3), padding=1)]
+    forward = ["conv2d_winograd_weight", "conv2d_winograd_input", "conv2d_winograd_products", "conv2d_winograd_output"]
+    assert names == forward * 2 + ["conv2d_winograd_input", "conv2d_winograd_dy", "conv2d_winograd_products",
+                                   "conv2d_winograd_dw_finish"]
 
 
 @pytest.mark.parametrize("change", ["none", "tf32", "bf16", "stride-2", "32-channels", "5x5", "groups-2"])
