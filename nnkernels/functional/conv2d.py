@@ -13,7 +13,9 @@ of 16 (for dx only C_OUT must be; a stride-1 dx is the forward kernel run on dy 
 weight, a strided one is written channels-last, then transposed; at stride 1 on Hopper and later the
 forward also from TMA boxes, tuning's first guess on planes of at most 256 pixels, and dw from TMA
 boxes, but in fp32 on planes of at most 256 pixels (4096 with TF32 off) as one 1x1 product of the input
-unfolded rows-outer), straight from NCHW else.
+unfolded rows-outer), straight from NCHW else. With TF32 off, the 3x3 stride-1 layers of 64 channels or more on
+planes of at most 64x64 also offer tuning Winograd F(2x2, 3x3) (`functional.winograd`) for the forward, dx
+and dw.
 While a CUDA graph is captured, the backward runs dw (and its reduce) on a side stream beside dx
 (`streams.side_by_side`).
 Block sizes come from `nnkernels.tuning`. `kernels_for(...)` names the kernels a call uses,
