@@ -48,8 +48,8 @@ from ..ops.conv2d_winograd_products import Conv2dWinogradDwFinish, Conv2dWinogra
 from ..ops.layout import ChannelsLastCopy, ChannelsLastCopyPair
 from ..ops.subsample import Subsample2dBackward, Subsample2dForward
 from ..ops.unfold import Fold2d, Unfold2d
-from .layout import channels_first, channels_last, channels_last_pair, subsample, subsample_backward
 from . import winograd
+from .layout import channels_first, channels_last, channels_last_pair, subsample, subsample_backward
 from .streams import side_by_side
 from .unfold import fold_into, fold_kernel, unfold, unfold_kernel
 

@@ -82,13 +82,19 @@ def _patch_row(row_base, c0, W, ok):
 
 
 @triton.jit
-def _store_bt_row(out, point_stride, first, e0, e1, e2, e3, ok):
-    """Stores B^T applied to (e0, e1, e2, e3) as points first..first+3."""
-    f0, f1, f2, f3 = _bt_rows(e0, e1, e2, e3)
+def _store_points(out, point_stride, first, f0, f1, f2, f3, ok):
+    """Stores f0..f3 as points first..first+3 of the matrices at `out` (`load_points`' counterpart)."""
     tl.store(out + first * point_stride, f0, mask=ok)
     tl.store(out + (first + 1) * point_stride, f1, mask=ok)
     tl.store(out + (first + 2) * point_stride, f2, mask=ok)
     tl.store(out + (first + 3) * point_stride, f3, mask=ok)
+
+
+@triton.jit
+def _store_bt_row(out, point_stride, first, e0, e1, e2, e3, ok):
+    """Stores B^T applied to (e0, e1, e2, e3) as points first..first+3."""
+    f0, f1, f2, f3 = _bt_rows(e0, e1, e2, e3)
+    _store_points(out, point_stride, first, f0, f1, f2, f3, ok)
 
 
 def conv2d_winograd_input_entry(k, a):
@@ -150,10 +156,7 @@ def _a_rows(g0, g1):
 def _store_a_columns(out, point_stride, first, h0, h1, ok):
     """Stores A applied to (h0, h1) as points first..first+3."""
     f0, f1, f2, f3 = _a_rows(h0, h1)
-    tl.store(out + first * point_stride, f0, mask=ok)
-    tl.store(out + (first + 1) * point_stride, f1, mask=ok)
-    tl.store(out + (first + 2) * point_stride, f2, mask=ok)
-    tl.store(out + (first + 3) * point_stride, f3, mask=ok)
+    _store_points(out, point_stride, first, f0, f1, f2, f3, ok)
 
 
 @triton.jit
@@ -280,10 +283,7 @@ def _g_rows(f0, f1, f2):
 def _store_g_row(out, point_stride, first, h0, h1, h2, ok):
     """Stores G applied to (h0, h1, h2) as points first..first+3."""
     f0, f1, f2, f3 = _g_rows(h0, h1, h2)
-    tl.store(out + first * point_stride, f0, mask=ok)
-    tl.store(out + (first + 1) * point_stride, f1, mask=ok)
-    tl.store(out + (first + 2) * point_stride, f2, mask=ok)
-    tl.store(out + (first + 3) * point_stride, f3, mask=ok)
+    _store_points(out, point_stride, first, f0, f1, f2, f3, ok)
 
 
 @triton.jit
@@ -328,7 +328,7 @@ def conv2d_winograd_weight(w, v, C_OUT, C_IN, TRANSPOSE: tl.constexpr, BLOCK: tl
 
 Conv2dWinogradInput = kernel_object(
     conv2d_winograd_input,
-    helpers=(_tile_coordinates, _bt_rows, _patch_row, _store_bt_row),
+    helpers=(_tile_coordinates, _bt_rows, _patch_row, _store_bt_row, _store_points),
     example=(True, 32, 32),
     entry=conv2d_winograd_input_entry,
     flags=("T_MAJOR",),
@@ -338,7 +338,7 @@ Conv2dWinogradInput = kernel_object(
 )
 Conv2dWinogradDy = kernel_object(
     conv2d_winograd_dy,
-    helpers=(_tile_coordinates, _a_rows, _store_a_columns),
+    helpers=(_tile_coordinates, _a_rows, _store_a_columns, _store_points),
     example=(128, 8),
     entry=conv2d_winograd_dy_entry,
     pointer_dtypes={"d": torch.float32},
@@ -357,7 +357,7 @@ Conv2dWinogradOutput = kernel_object(
 )
 Conv2dWinogradWeight = kernel_object(
     conv2d_winograd_weight,
-    helpers=(_g_rows, _store_g_row),
+    helpers=(_g_rows, _store_g_row, _store_points),
     example=(False, 256),
     entry=conv2d_winograd_weight_entry,
     flags=("TRANSPOSE",),
