@@ -201,8 +201,11 @@ def choose(kind: str, key, candidates: Callable[[], list[Config]], run) -> Confi
         try:
             run(config)  # compiles, and warms the caches
             timings[config] = _time_ms(run, config)
-        except Exception as error:  # a config the GPU cannot hold (shared memory, registers) just drops out
-            if "OutOfResources" not in type(error).__name__ and "out of resource" not in str(error):
+        except Exception as error:  # a config the GPU cannot hold (shared memory, registers, or scratch memory:
+            # Winograd's fp32 matrices are four times the activations) just drops out
+            too_big = (isinstance(error, torch.cuda.OutOfMemoryError) or "OutOfResources" in type(error).__name__
+                       or "out of resource" in str(error))
+            if not too_big:
                 raise
             _log.debug("tuning %s %s: %s does not fit (%s)", kind, key, config, error)
     best = min(timings, key=timings.get) if timings else heuristic

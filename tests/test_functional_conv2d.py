@@ -239,6 +239,24 @@ def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     assert tuning.choose("conv", (9,), lambda: candidates, ran.append) == candidates[0] and not ran
 
 
+def test_a_config_that_runs_out_of_memory_drops_out(tmp_path, monkeypatch):
+    """A candidate whose scratch memory the GPU cannot hold (Winograd's matrices, say) is skipped, not fatal."""
+    monkeypatch.setenv("NNKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NNKERNELS_TUNE", "full")
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "_memory", None)
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(tuning, "_time_ms", lambda run, config: float(config.block_m))
+    candidates = [tuning.Config(16, 16, 16, winograd=True), tuning.Config(64, 16, 16)]
+
+    def run(config):
+        if config.winograd:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 411.00 MiB")
+
+    assert tuning.choose("conv", (5, 6), lambda: candidates, run) == candidates[1]
+
+
 def test_a_remembered_choice_is_answered_from_memory(tmp_path, monkeypatch):
     """After its first answer for a kind and shape, `choose` answers again without building the full key (19 µs
     of an eager step's host time on the H200 machine), until the store is read in again."""
