@@ -16,6 +16,9 @@ import torch
 from support import DEVICE, dtype_id, randn
 
 import nnkernels
+from nnkernels import tuning
+from nnkernels.functional import winograd
+from nnkernels.ops.conv2d_winograd import tiles_of
 
 MARGIN = 4096  # elements on each side of every allocation
 SENTINEL = 4096.0  # exact in every floating type
@@ -122,4 +125,35 @@ def test_no_kernel_writes_outside_its_outputs_at_resnet_sizes(guarded, dtype):
     for shape in [(8, 64, 32, 32), (8, 64, 16, 16), (8, 128, 8, 8), (8, 256, 4, 4), (8, 512, 2, 2)]:
         for training in (True, False):
             run_batch_norm(shape, dtype, training)
+    assert not guarded.overwritten(), f"written outside the buffer (shape, elements): {guarded.overwritten()}"
+
+
+def run_winograd(guarded, shape, forward_config, dw_config):
+    """Winograd's forward, dx (the transposed forward) and dw with bias, into guarded outputs."""
+    batch, channels, size = shape
+    x, w, b, dy = (randn(batch, channels, size, size), randn(channels, channels, 3, 3), randn(channels),
+                   randn(batch, channels, size, size))
+    outputs = [guarded.empty(*t.shape, dtype=torch.float32, device=DEVICE) for t in (x, x, w, b)]
+    winograd.forward(x, w, b, outputs[0], forward_config)
+    winograd.forward(dy, w, None, outputs[1], forward_config, transposed=True)
+    winograd.weight_gradient(dy, x, outputs[2], outputs[3], dw_config)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 7), (1, 17, 6)], ids=["odd-plane", "even-plane"])
+def test_winograd_writes_only_its_outputs(guarded, shape):
+    config = tuning.Config(16, 16, 16, 4, 1, split=3, winograd=True)
+    run_winograd(guarded, shape, config, config)
+    assert len(guarded.buffers) == 4 + 9, "the passes' scratch (v, u, m per forward; u, d, partial for dw) too"
+    assert not guarded.overwritten(), f"written outside the buffer (shape, elements): {guarded.overwritten()}"
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="ResNet-sized shapes: GPU only")
+@pytest.mark.parametrize("shape", [(8, 128, 13), (8, 512, 7), (4, 64, 56)], ids=["128@13", "512@7", "64@56"])
+def test_winograd_writes_only_its_outputs_at_resnet_sizes(guarded, shape):
+    """Every forward and dw candidate tuning may time."""
+    batch, channels, size = shape
+    forward_configs = tuning.winograd_candidates(channels, channels)
+    dw_configs = tuning.winograd_dw_candidates(channels, channels, tiles_of(batch, size, size))
+    for forward_config, dw_config in zip(forward_configs, dw_configs + dw_configs[-1:] * len(forward_configs)):
+        run_winograd(guarded, shape, forward_config, dw_config)
     assert not guarded.overwritten(), f"written outside the buffer (shape, elements): {guarded.overwritten()}"
