@@ -335,7 +335,8 @@ class _Problem:
         a GPU with a TMA unit or the interpreter)."""
         boxes = self.stride == (1, 1) and _has_tma(device)
         direct = tuning.channels_last_candidates(self.B, self.OH * self.OW, self.C_OUT, self.C_IN, self.dtype,
-                                                 taps=self.KH * self.KW, tma_plane=(self.OH, self.OW) if boxes else None)
+                                                 taps=self.KH * self.KW,
+                                                 tma_plane=(self.OH, self.OW) if boxes else None)
         if not self.winograd:
             return direct
         return self._with_winograd(direct, tuning.winograd_candidates(self.C_OUT, self.C_IN))

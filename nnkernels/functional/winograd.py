@@ -25,7 +25,7 @@ from ..ops.conv2d_winograd_products import Conv2dWinogradDwFinish, Conv2dWinogra
 # output (64, 16) 25.1. The interpreter takes large tiles: few programs.
 TILES = {"input": (32, 32), "input_c_major": (128, 8), "dy": (128, 8), "output": (64, 16)}
 INTERPRETED_TILES = {"input": (64, 64), "input_c_major": (64, 64), "dy": (64, 64), "output": (64, 64)}
-FINISH_BLOCK = 256
+PAIR_BLOCK = 256  # (c_out, c_in) filters per program of the weight transform and of the dw finish
 
 _log = logging.getLogger("nnkernels")
 
@@ -52,14 +52,15 @@ def _products(config, has_bias):
 
 def forward_kernels(config, has_bias, transposed):
     """The kernels of `forward` with `config`, in launch order."""
-    return [_kernel(Conv2dWinogradWeight, (transposed, FINISH_BLOCK)), _kernel(Conv2dWinogradInput, (True, *_tiles("input"))),
-            _products(config, False), _kernel(Conv2dWinogradOutput, (has_bias, *_tiles("output")))]
+    return [_kernel(Conv2dWinogradWeight, (transposed, PAIR_BLOCK)),
+            _kernel(Conv2dWinogradInput, (True, *_tiles("input"))), _products(config, False),
+            _kernel(Conv2dWinogradOutput, (has_bias, *_tiles("output")))]
 
 
 def weight_gradient_kernels(config, has_bias):
     """The kernels of `weight_gradient` with `config`, in launch order."""
     return [_kernel(Conv2dWinogradInput, (False, *_tiles("input_c_major"))), _kernel(Conv2dWinogradDy, _tiles("dy")),
-            _products(config, has_bias), _kernel(Conv2dWinogradDwFinish, (has_bias, FINISH_BLOCK))]
+            _products(config, has_bias), _kernel(Conv2dWinogradDwFinish, (has_bias, PAIR_BLOCK))]
 
 
 def forward(x, weight, bias, y, config, transposed=False):

@@ -18,9 +18,6 @@ from .conv2d_winograd import POINTS, load_points
 from .host_math import cdiv
 from .tensor_core import conv_dot
 
-BIAS_POINT = 5  # the point of A g A^T that is the sum of the 2x2 dy block g
-
-
 def products_row_size(m, n, has_bias):
     """fp32 elements of one split's row of `c`: 16 [M, N] products, then M bias sums when `has_bias`."""
     return POINTS * m * n + (m if has_bias else 0)
