@@ -63,7 +63,8 @@ def single_process_step(example, seed):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_one_ddp_step_matches_single_process(tmp_path, backend, monkeypatch):
     seed = 3
-    env = dict(os.environ, NNKERNELS_TUNE="off", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
+    env = dict(os.environ, NNKERNELS_TUNE="off",
+               NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD_SIZE}",
                str(SCRIPT), "--backend", backend, "--steps", "1", "--batch-size", str(GLOBAL_BATCH), "--image-size", str(IMAGE_SIZE),
