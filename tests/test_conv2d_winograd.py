@@ -9,7 +9,8 @@ from support import DEVICE, assert_close, gpu, poisoned, randn
 
 from nnkernels import tuning
 from nnkernels.functional import winograd
-from nnkernels.functional.conv2d import _Problem, conv2d, kernels_for
+from nnkernels.functional.conv2d import conv2d, kernels_for
+from nnkernels.functional.conv2d_plan import Problem
 from nnkernels.ops.conv2d_winograd import Conv2dWinogradInput, Conv2dWinogradOutput, tiles_of
 from nnkernels.ops.conv2d_winograd_products import Conv2dWinogradProducts, products_row_size
 
@@ -108,7 +109,7 @@ def test_conv2d_runs_winograd_forward_and_backward(monkeypatch, exact_fp32):
     """Through `conv2d` and autograd, with tuning answering Winograd: y, dx, dw and dbias against float64."""
     _prefer_winograd(monkeypatch)
     x, w, b = randn(2, 64, 5, 7), randn(64, 64, 3, 3) * 0.1, randn(64)
-    assert _Problem(x.shape, w.shape, (1, 1), (1, 1), (1, 1), 1, torch.float32, True).winograd
+    assert Problem(x.shape, w.shape, (1, 1), (1, 1), (1, 1), 1, torch.float32, True).winograd
     leaves = [t.clone().requires_grad_() for t in (x, w, b)]
     y = conv2d(*leaves, padding=1)
     dy = randn(*y.shape)
@@ -135,7 +136,7 @@ def test_winograd_is_offered_only_to_full_fp32_3x3_stride_1(change, exact_fp32):
     c_in = 32 if change == "32-channels" else 64
     k = 5 if change == "5x5" else 3
     groups = 2 if change == "groups-2" else 1
-    problem = _Problem((2, c_in, 14, 14), (64, c_in // groups, k, k), (2, 2) if change == "stride-2" else (1, 1),
+    problem = Problem((2, c_in, 14, 14), (64, c_in // groups, k, k), (2, 2) if change == "stride-2" else (1, 1),
                        ((k - 1) // 2,) * 2, (1, 1), groups, torch.bfloat16 if change == "bf16" else torch.float32,
                        False)
     assert problem.winograd == (change == "none")
@@ -158,10 +159,10 @@ def test_an_inf_input_leaves_the_same_elements_non_finite():
 def test_the_switch_keeps_the_direct_kernels(monkeypatch, exact_fp32):
     shapes = ((2, 64, 14, 14), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1, torch.float32, False)
     monkeypatch.setenv("NNKERNELS_WINOGRAD", "off")
-    assert not _Problem(*shapes).winograd
+    assert not Problem(*shapes).winograd
     monkeypatch.setenv("NNKERNELS_WINOGRAD", "sometimes")
     with pytest.raises(ValueError, match="^NNKERNELS_WINOGRAD: expected on or off"):
-        _Problem(*shapes)
+        Problem(*shapes)
 
 
 @gpu

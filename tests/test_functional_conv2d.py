@@ -309,7 +309,7 @@ def test_the_gpus_properties_are_asked_of_torch_once_per_device(monkeypatch):
     tuned launch builds a key."""
     from types import SimpleNamespace
 
-    from nnkernels.functional.conv2d import _has_tma
+    from nnkernels.functional.conv2d_plan import has_tma
 
     asked = []
     gpus = {0: SimpleNamespace(name="GPU zero", multi_processor_count=132, major=9, minor=0),
@@ -326,8 +326,8 @@ def test_the_gpus_properties_are_asked_of_torch_once_per_device(monkeypatch):
         current[0] = 1
         assert tuning._full_key("conv", (1,)).startswith("conv|(1,)|GPU one|")
         assert [tuning._num_sms(), tuning._num_sms()] == [108, 108]
-        assert _has_tma(torch.device("cpu"))
-        assert [_has_tma(torch.device("cuda", index)) for index in (0, 1, 0, 1)] == [True, False, True, False]
+        assert has_tma(torch.device("cpu"))
+        assert [has_tma(torch.device("cuda", index)) for index in (0, 1, 0, 1)] == [True, False, True, False]
         assert asked == [0, 1]
     finally:
         tuning.device_properties.cache_clear()

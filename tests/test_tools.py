@@ -63,13 +63,13 @@ def test_kernel_sass_counts_opcodes_of_a_compiled_kernel():
 def test_depthwise_sweep_sets_tiles_inside_its_block_only():
     tool = _tool("depthwise_sweep")
     before = tool.tuning.depthwise_tile(8192, 28, 28)
-    assert tool.conv.gather_columns_fit(1, 3, 1, 28, 32)
+    assert tool.plan.gather_columns_fit(1, 3, 1, 28, 32)
     with tool.tiles(64, 8, 2, False):
         inside = tool.tuning.depthwise_tile(8192, 28, 28)
         assert inside.num_warps == 2 and inside.rows <= 8
-        assert not tool.conv.gather_columns_fit(1, 3, 1, 28, 32)
+        assert not tool.plan.gather_columns_fit(1, 3, 1, 28, 32)
     assert tool.tuning.depthwise_tile(8192, 28, 28) == before
-    assert tool.conv.gather_columns_fit(1, 3, 1, 28, 32)
+    assert tool.plan.gather_columns_fit(1, 3, 1, 28, 32)
     assert tool.CONFIGS[0] == (tool.tuning.DEPTHWISE_LANES, tool.tuning.DEPTHWISE_BAND, 4, True)  # the library's
 
 
@@ -84,7 +84,7 @@ def test_conv_dw_sweep_targets_programs_per_sm():
     for (kind, config), per_sm in zip(configs, tool.PROGRAMS_PER_SM * len(tool.TILE_SETS)):
         tiles = (64 // config.block_m) * (64 // config.block_n) * (9 // config.taps)
         assert tiles * config.split <= max(per_sm * 132, tiles) and config.block_k == 64
-    problem = tool._Problem((32, 64, 56, 56), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1, torch.bfloat16, False)
+    problem = tool.Problem((32, 64, 56, 56), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1, torch.bfloat16, False)
     assert {type(problem.tma_dw_kernel(c, False) if k == "tma" else problem.cl_dw_kernel(c, False)).__name__
             for k, c in configs} == {"Conv2dTmaDw", "Conv2dGemmClDw"}
 

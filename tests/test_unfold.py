@@ -16,6 +16,7 @@ from nnkernels.ops.conv2d_pointwise import Conv2dPointwiseFp32Out
 from nnkernels.ops.unfold import Fold2d, Unfold2d
 
 conv_module = importlib.import_module("nnkernels.functional.conv2d")
+plan_module = importlib.import_module("nnkernels.functional.conv2d_plan")
 
 # (B, C, H, W), (KH, KW), stride, padding, dilation
 GEOMETRIES = [
@@ -114,7 +115,7 @@ CONVOLUTIONS = [
                                          (torch.bfloat16, False)], ids=["fp32", "fp32-tf32", "fp16", "bf16"])
 @pytest.mark.parametrize("case", CONVOLUTIONS)
 def test_conv2d_on_the_unfolded_path_matches_torch(case, dtype, tf32, monkeypatch):
-    monkeypatch.setattr(conv_module, "UNFOLD_MIN_PIXELS", 1)  # small planes, the path of large ones
+    monkeypatch.setattr(plan_module, "UNFOLD_MIN_PIXELS", 1)  # small planes, the path of large ones
     B, C_IN, C_OUT, H, W, kernel, stride, padding, dilation, has_bias = case
     assert conv_module.kernels_for((B, C_IN, H, W), (C_OUT, C_IN, *kernel), stride, padding, dilation,
                                    dtype=dtype)[1].startswith("conv2d_pointwise_fp32_out")
@@ -161,7 +162,7 @@ def test_the_stem_takes_the_unfolded_path_on_the_gpu(dtype):
 def test_conv2d_rows_outer_dw_matches_torch(slice_bytes, tf32, monkeypatch):
     """fp32 at stride 1 on a small plane: dw (and dbias) as one 1x1 product of the input and dy unfolded
     rows-outer, in one slice of the batch or one per image, against float64."""
-    monkeypatch.setattr(conv_module, "UNFOLD_SLICE_BYTES", slice_bytes)
+    monkeypatch.setattr(plan_module, "UNFOLD_SLICE_BYTES", slice_bytes)
     x = randn(3, 16, 5, 6).requires_grad_()
     w = randn(32, 16, 3, 3).requires_grad_()
     b = randn(32).requires_grad_()

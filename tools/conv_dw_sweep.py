@@ -13,7 +13,7 @@ import torch
 from triton.testing import do_bench
 
 from nnkernels import tuning
-from nnkernels.functional.conv2d import _Problem
+from nnkernels.functional.conv2d_plan import Problem
 from nnkernels.functional.layout import channels_last
 from nnkernels.ops.conv2d_gemm_dw import dw_partial_size
 
@@ -45,7 +45,7 @@ def main():
         x = torch.randn(batch, channels, size, size, device="cuda", dtype=dtype)
         dy = torch.randn_like(x)
         weight = torch.empty(channels, channels, 3, 3, device="cuda", dtype=dtype)
-        problem = _Problem(x.shape, weight.shape, (1, 1), (1, 1), (1, 1), 1, dtype, False)
+        problem = Problem(x.shape, weight.shape, (1, 1), (1, 1), (1, 1), 1, dtype, False)
         x_cl, dy_cl = channels_last(x), channels_last(dy)
         row = dw_partial_size(channels, channels, 3, 3, False)
         print(f"== {args.dtype} B{batch} C{channels} {size}x{size}: kernel + reduce µs", flush=True)

@@ -19,7 +19,7 @@ import torch
 from nnkernels import tuning
 from nnkernels.bench import harness
 
-conv = importlib.import_module("nnkernels.functional.conv2d")  # the package re-exports the function
+plan = importlib.import_module("nnkernels.functional.conv2d_plan")  # where conv2d reads gather_columns_fit
 LAYERS = {  # name: (B, C, size, stride), 3x3, padding 1
     "suite 256@28": (32, 256, 28, 1),
     "mbv2 32@112": (32, 32, 112, 1),
@@ -36,15 +36,15 @@ CONFIGS = [(tuning.DEPTHWISE_LANES, tuning.DEPTHWISE_BAND, 4, True), (128, 16, 4
 @contextlib.contextmanager
 def tiles(lanes, band, warps, gather):
     """The depthwise kernels' tiles under (lanes, band, warps, gather) inside the block; as before after."""
-    saved = tuning.DEPTHWISE_LANES, tuning.DEPTHWISE_BAND, tuning.depthwise_tile, conv.gather_columns_fit
+    saved = tuning.DEPTHWISE_LANES, tuning.DEPTHWISE_BAND, tuning.depthwise_tile, plan.gather_columns_fit
     heuristic = tuning.depthwise_tile
     tuning.DEPTHWISE_LANES, tuning.DEPTHWISE_BAND = lanes, band
     tuning.depthwise_tile = lambda *args, **kwargs: dataclasses.replace(heuristic(*args, **kwargs), num_warps=warps)
-    conv.gather_columns_fit = saved[3] if gather else (lambda *args: False)
+    plan.gather_columns_fit = saved[3] if gather else (lambda *args: False)
     try:
         yield
     finally:
-        tuning.DEPTHWISE_LANES, tuning.DEPTHWISE_BAND, tuning.depthwise_tile, conv.gather_columns_fit = saved
+        tuning.DEPTHWISE_LANES, tuning.DEPTHWISE_BAND, tuning.depthwise_tile, plan.gather_columns_fit = saved
 
 
 def row(name, config, dtype):

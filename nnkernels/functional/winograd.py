@@ -1,7 +1,7 @@
 """Winograd F(2x2, 3x3) passes of a 3x3, stride-1, padding-1, one-group convolution (`ops/conv2d_winograd`).
 
 `conv2d` offers them to tuning beside its direct kernels for fp32 with TF32 off, where PyTorch's cuDNN runs
-Winograd too (see `_Problem.winograd`): the forward, dx as the forward of dy with the flipped, transposed
+Winograd too (see `conv2d_plan.Problem.winograd`): the forward, dx as the forward of dy with the flipped, transposed
 filters, and dw. Each pass is four or five launches through fp32 matrices four times the size of the
 activations they come from ([16, T, C] for T = B*cdiv(H, 2)*cdiv(W, 2) tiles), freed after the pass.
 
