@@ -239,8 +239,9 @@ def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     assert tuning.choose("conv", (9,), lambda: candidates, ran.append) == candidates[0] and not ran
 
 
-def test_a_config_that_runs_out_of_memory_drops_out(tmp_path, monkeypatch):
-    """A candidate whose scratch memory the GPU cannot hold (Winograd's matrices, say) is skipped, not fatal."""
+@pytest.fixture
+def gpu_tuning(tmp_path, monkeypatch):
+    """`choose` as on a GPU, with a fresh store in tmp_path and a fake timer: a config takes block_m ms."""
     monkeypatch.setenv("NNKERNELS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("NNKERNELS_TUNE", "full")
     monkeypatch.setattr(tuning, "INTERPRETED", False)
@@ -248,6 +249,10 @@ def test_a_config_that_runs_out_of_memory_drops_out(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning, "_chosen", {})
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(tuning, "_time_ms", lambda run, config: float(config.block_m))
+
+
+def test_a_config_that_runs_out_of_memory_drops_out(gpu_tuning):
+    """A candidate whose scratch memory the GPU cannot hold (Winograd's matrices, say) is skipped, not fatal."""
     candidates = [tuning.Config(16, 16, 16, winograd=True), tuning.Config(64, 16, 16)]
 
     def run(config):
@@ -257,16 +262,9 @@ def test_a_config_that_runs_out_of_memory_drops_out(tmp_path, monkeypatch):
     assert tuning.choose("conv", (5, 6), lambda: candidates, run) == candidates[1]
 
 
-def test_a_remembered_choice_is_answered_from_memory(tmp_path, monkeypatch):
+def test_a_remembered_choice_is_answered_from_memory(gpu_tuning, monkeypatch):
     """After its first answer for a kind and shape, `choose` answers again without building the full key (19 µs
     of an eager step's host time on the H200 machine), until the store is read in again."""
-    monkeypatch.setenv("NNKERNELS_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("NNKERNELS_TUNE", "full")
-    monkeypatch.setattr(tuning, "INTERPRETED", False)
-    monkeypatch.setattr(tuning, "_memory", None)
-    monkeypatch.setattr(tuning, "_chosen", {})
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(tuning, "_time_ms", lambda run, config: float(config.block_m))
     built = []
     monkeypatch.setattr(tuning, "_full_key", lambda kind, key: built.append(key) or f"{kind}|{key}")
     candidates = [tuning.Config(64, 16, 16), tuning.Config(32, 16, 16)]
