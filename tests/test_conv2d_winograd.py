@@ -2,6 +2,8 @@
 in float64, outputs poisoned with NaN, planes of odd sizes (ragged last tiles) and channel and tile counts that
 fill no block; then `conv2d` with Winograd's configs chosen, forward and backward through autograd.
 """
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -105,15 +107,22 @@ def _prefer_winograd(monkeypatch):
     monkeypatch.setattr(tuning, "choose", choose)
 
 
-def test_conv2d_runs_winograd_forward_and_backward(monkeypatch, exact_fp32):
-    """Through `conv2d` and autograd, with tuning answering Winograd: y, dx, dw and dbias against float64."""
+def test_conv2d_runs_winograd_forward_and_backward(monkeypatch, exact_fp32, caplog):
+    """Through `conv2d` and autograd, with tuning answering Winograd: y, dx, dw and dbias against float64, and
+    only Winograd's kernels launched."""
     _prefer_winograd(monkeypatch)
     x, w, b = randn(2, 64, 5, 7), randn(64, 64, 3, 3) * 0.1, randn(64)
     assert Problem(x.shape, w.shape, (1, 1), (1, 1), (1, 1), 1, torch.float32, True).winograd
     leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-    y = conv2d(*leaves, padding=1)
-    dy = randn(*y.shape)
-    y.backward(dy)
+    with caplog.at_level(logging.DEBUG, logger="nnkernels"):
+        y = conv2d(*leaves, padding=1)
+        dy = randn(*y.shape)
+        y.backward(dy)
+    launched = [record.getMessage().split()[-1].split("__")[0] for record in caplog.records
+                if "launches" in record.getMessage()]
+    assert launched == ["conv2d_winograd_weight", "conv2d_winograd_input", "conv2d_winograd_products",
+                        "conv2d_winograd_output"] * 2 + ["conv2d_winograd_input", "conv2d_winograd_dy",
+                                                         "conv2d_winograd_products", "conv2d_winograd_dw_finish"]
     refs = [t.double().cpu().requires_grad_() for t in (x, w, b)]
     y64 = F.conv2d(*refs, padding=1)
     y64.backward(dy.double().cpu())
