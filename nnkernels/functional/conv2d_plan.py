@@ -45,10 +45,12 @@ UNFOLD_DW_MAX_PIXELS_FULL_FP32 = 4096
 # Winograd F(2x2, 3x3) (`functional.winograd`) is offered to tuning for full-fp32 3x3 stride-1 pad-1 layers with
 # at least this many channels in and out, on planes of at most UNFOLD_DW_MAX_PIXELS_FULL_FP32 pixels (where
 # the direct dw it competes with is the unfolded one), and tried first on planes of at most
-# WINOGRAD_FIRST_PIXELS. On the H200 (B32, nineteenth session, µs, forward / dw; our direct kernels / cuDNN):
-# 128@28 119.4 / 110.6 against 139.5 / 175.6 and 129.0 / 116.4; 256@14 98.6 / 95.5 against 138.0 / - and
-# 254.8 / 95.4; 64@56 171.2 / 169.6 against 135.6 / - and 256.6 / 298.3. With fewer channels the products are
-# too thin for the transforms' traffic to pay.
+# WINOGRAD_FIRST_PIXELS. On the H200 (B32, µs, forward / dw), Winograd's parts summed, against cuDNN in the same
+# run (nineteenth session): 128@28 119.4 / 110.6 against 129.0 / 116.4; 256@14 98.6 / 95.5 against 254.8 / 95.4;
+# 64@56 171.2 / 169.6 against 256.6 / 298.3. Our direct kernels, in earlier sessions' runs: 128@28 139.5 / 175.6,
+# 256@14 forward 138.0, 64@56 forward 135.6. The suites' tuning then chose Winograd for the forward on planes up
+# to 28x28 and for dw on all of them (BENCHMARKS.md). With fewer channels the products are too thin for the
+# transforms' traffic to pay.
 WINOGRAD_MIN_CHANNELS = 64
 WINOGRAD_FIRST_PIXELS = 28 * 28
 # The unfold geometry that lays dy out rows-outer: a 1x1 window, stride 1, no padding.
