@@ -215,12 +215,17 @@ def check_case(case, sizes, caplog, expect_kernels):
     if expect_kernels:
         missing = set(case.expects) - launched
         assert not missing, f"case did not take its path: {missing} not launched (launched {sorted(launched)})"
-    names = ["y"] + [f"grad{i}" for i in range(len(leaves))] + ["running_mean", "running_var"]
+    assert_runs_equal(runs, len(leaves))
+
+
+def assert_runs_equal(runs, leaves, label=""):
+    """Every output and gradient of `runs` (run_once's lists, `leaves` gradients each) equal to the first's."""
+    names = ["y"] + [f"grad{i}" for i in range(leaves)] + ["running_mean", "running_var"]
     for run in runs[1:]:
         for name, first, again in zip(names, runs[0], run):
             assert first is not None and again is not None, f"{name}: missing"
             assert torch.equal(first, again), (
-                f"{name}: run-to-run difference, max |diff| {(first.float() - again.float()).abs().max().item()}"
+                f"{label}{name}: run-to-run difference, max |diff| {(first.float() - again.float()).abs().max().item()}"
             )
 
 
@@ -244,3 +249,39 @@ def test_cases_cover_every_kernel_the_ops_choose():
     named = {name for case in CASES.values() for name in case.expects}
     assert named == chosen, f"kernels no case takes: {chosen - named}; names no op lists: {named - chosen}"
     assert not any(CLASSES[name].seed for name in chosen)
+
+
+DW_KINDS = ("conv2d_unfolded_dw", "conv2d_pointwise_dw", "conv2d_tma_dw", "conv2d_cl_dw", "conv2d_dw")
+# Depthwise dw takes its one tile from a heuristic: nothing to force.
+BIAS_CONV_CASES = [name for name, case in CASES.items()
+                   if case.op == "conv2d" and case.options.get("bias") and case.options.get("groups") != "C"]
+
+
+@pytest.mark.parametrize("name", BIAS_CONV_CASES)
+def test_every_dw_candidate_repeats(name, monkeypatch):
+    """Each config tuning may pick for the case's weight gradient (with the bias sums), forced in turn:
+    RUNS backward passes, bitwise equal. Tuning picks one config per process, so the case tests above
+    see one; a config whose pipelined loop raced (the 1x1 dw's 128 x 128 tiles with bias, Triton 3.6 on
+    the H200: `ops.tensor_core.sums_beside_dot`) passed them whenever tuning chose another."""
+    if INTERPRETED and name != "conv2d-rows-outer-dw-fp32":
+        pytest.skip("the interpreter runs one case, as a dry run of the harness; the GPU runs them all")
+    case = CASES[name]
+    leaves = make_inputs(case, case.cpu if INTERPRETED else case.gpu)
+    listed, forced = {}, {}
+    choose = conv_module.tuning.choose
+
+    def forcing_choose(kind, key, candidates, run):
+        if kind in DW_KINDS:
+            listed.setdefault(kind, candidates())
+            if kind in forced:
+                return forced[kind]
+        return choose(kind, key, candidates, run)
+
+    monkeypatch.setattr(conv_module.tuning, "choose", forcing_choose)
+    with case_settings(case):
+        run_once(case, leaves)
+        assert len(listed) == 1, f"expected one weight-gradient kind, tuning was asked for {sorted(listed)}"
+        (kind, configs), = listed.items()
+        for config in configs:
+            forced[kind] = config
+            assert_runs_equal([run_once(case, leaves) for _ in range(RUNS)], len(leaves), f"{kind} {config}: ")

@@ -18,7 +18,7 @@ from .checks import check_numel
 from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
-from .tensor_core import conv_dot
+from .tensor_core import conv_dot, sums_beside_dot
 
 
 def check_image_tiles(k):
@@ -217,15 +217,16 @@ def conv2d_gemm_cl_dw(
         ih = ((p_in_image // OW) * STRIDE_H - PAD_H)[:, None] + dh[None, :]
         iw = ((p_in_image % OW) * STRIDE_W - PAD_W)[:, None] + dw[None, :]
         inside = p_ok[:, None] & tap_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        dy_tile = tl.load(
-            dy + (p.to(tl.int64) * C_OUT)[:, None] + c_out[None, :], mask=p_ok[:, None] & c_out_ok[None, :], other=0.0
-        )
+        dy_tile_ptr = dy + (p.to(tl.int64) * C_OUT)[:, None] + c_out[None, :]
+        dy_tile_ok = p_ok[:, None] & c_out_ok[None, :]
+        dy_tile = tl.load(dy_tile_ptr, mask=dy_tile_ok, other=0.0)
         x_pixel = (((p // ohw).to(tl.int64)[:, None] * H + ih) * W + iw) * C_IN
         x_taps = tl.load(x + x_pixel[:, :, None] + c_in[None, None, :], mask=inside[:, :, None], other=0.0)
         x_tile = tl.reshape(x_taps, [BLOCK_K, BLOCK_N])
         acc = conv_dot(tl.trans(dy_tile), x_tile, acc, TF32)
         if HAS_BIAS:
-            dbias += tl.sum(dy_tile.to(tl.float32), axis=0)
+            if tile_n == 0:  # only the first tap and channel tile stores them
+                dbias = sums_beside_dot(dbias, dy_tile_ptr, dy_tile_ok, 0)
     row = partial_row(partial, split, C_OUT * C_IN * taps, C_OUT, HAS_BIAS)
     column = tl.reshape(c_in[None, :] * taps + tap[:, None], [BLOCK_N])
     column_ok = tl.reshape(tap_ok[:, None] & (c_in < C_IN)[None, :], [BLOCK_N])
@@ -249,7 +250,7 @@ Conv2dGemmClForward = kernel_object(
 )
 Conv2dGemmClDw = kernel_object(
     conv2d_gemm_cl_dw,
-    helpers=(conv_dot, *PARTIAL_ROW_HELPERS),
+    helpers=(conv_dot, sums_beside_dot, *PARTIAL_ROW_HELPERS),
     example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64, 1),
     entry=conv2d_gemm_cl_dw_entry,
     pointer_dtypes={"partial": torch.float32},

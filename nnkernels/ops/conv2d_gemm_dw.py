@@ -15,7 +15,7 @@ from ..kernel import kernel_object
 from .checks import check_grid, check_numel
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
-from .tensor_core import conv_dot
+from .tensor_core import conv_dot, sums_beside_dot
 
 
 def dw_partial_size(c_out, cin_per_group, kh, kw, has_bias):
@@ -106,9 +106,9 @@ def conv2d_gemm_dw(
         ih_first = (p_in_image // OW) * STRIDE_H - PAD_H
         iw_first = (p_in_image % OW) * STRIDE_W - PAD_W
         dy_pixel = b.to(tl.int64) * C_OUT * ohw + p_in_image
-        dy_tile = tl.load(
-            dy + dy_channel[:, None] + dy_pixel[None, :], mask=c_out_ok[:, None] & p_ok[None, :], other=0.0
-        )
+        dy_tile_ptr = dy + dy_channel[:, None] + dy_pixel[None, :]
+        dy_tile_ok = c_out_ok[:, None] & p_ok[None, :]
+        dy_tile = tl.load(dy_tile_ptr, mask=dy_tile_ok, other=0.0)
         # ih = ih_first + dh lies in [0, H) iff -ih_first <= dh < H - ih_first: row-column compares.
         inside = (dh[:, None] >= -ih_first[None, :]) & (dh[:, None] < (H - ih_first)[None, :])
         inside &= (dw[:, None] >= -iw_first[None, :]) & (dw[:, None] < (W - iw_first)[None, :])
@@ -118,7 +118,8 @@ def conv2d_gemm_dw(
         x_tile = tl.load(x + x_column[:, None] + x_pixel[None, :], mask=inside, other=0.0)
         acc = conv_dot(dy_tile, tl.trans(x_tile), acc, TF32)
         if HAS_BIAS:
-            dbias += tl.sum(dy_tile.to(tl.float32), axis=1)
+            if tile_n == 0:  # only the first n tile stores them
+                dbias = sums_beside_dot(dbias, dy_tile_ptr, dy_tile_ok, 1)
     row = partial_row(partial, split, C_OUT * n_total, C_OUT, HAS_BIAS)
     w_index = (group * cout_per_group + c_out)[:, None] * n_total + n[None, :]
     tl.store(row + w_index, acc, mask=c_out_ok[:, None] & n_ok[None, :])
@@ -201,7 +202,7 @@ def conv2d_dw_reduce(partial, dw, dbias, SPLIT, N_DW, C_OUT, HAS_BIAS: tl.conste
 
 Conv2dGemmDw = kernel_object(
     conv2d_gemm_dw,
-    helpers=(conv_dot, *PARTIAL_ROW_HELPERS),
+    helpers=(conv_dot, sums_beside_dot, *PARTIAL_ROW_HELPERS),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64),
     entry=conv2d_gemm_dw_entry,
     pointer_dtypes={"partial": torch.float32},

@@ -16,7 +16,7 @@ from .checks import check_grid, check_numel
 from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 from .conv2d_gemm_forward import check_grid_3d
 from .host_math import cdiv
-from .tensor_core import conv_dot, tf32_rounded
+from .tensor_core import conv_dot, sums_beside_dot, tf32_rounded
 
 
 def conv2d_pointwise_fp32_out_entry(k, a):
@@ -258,13 +258,15 @@ def conv2d_pointwise_dw(
         b = step // steps_per_image
         pixel = (step % steps_per_image) * BLOCK_K + p
         pixel_ok = pixel < HW
-        dy_tile = tl.load(dy + (b.to(tl.int64) * C_OUT + c_out[:, None]) * HW + pixel[None, :],
-                          mask=c_out_ok[:, None] & pixel_ok[None, :], other=0.0)
+        dy_tile_ptr = dy + (b.to(tl.int64) * C_OUT + c_out[:, None]) * HW + pixel[None, :]
+        dy_tile_ok = c_out_ok[:, None] & pixel_ok[None, :]
+        dy_tile = tl.load(dy_tile_ptr, mask=dy_tile_ok, other=0.0)
         x_tile = tl.load(x + (b.to(tl.int64) * C_IN + c_in[None, :]) * HW + pixel[:, None],
                          mask=pixel_ok[:, None] & c_in_ok[None, :], other=0.0)
         acc = conv_dot(dy_tile, x_tile, acc, TF32)
         if HAS_BIAS:
-            dbias += tl.sum(dy_tile.to(tl.float32), axis=1)
+            if pid_tile % num_n_tiles == 0:  # only the first column tile stores them
+                dbias = sums_beside_dot(dbias, dy_tile_ptr, dy_tile_ok, 1)
     row = partial_row(partial, split, C_OUT * C_IN, C_OUT, HAS_BIAS)
     tl.store(row + c_out[:, None] * C_IN + c_in[None, :], acc, mask=c_out_ok[:, None] & c_in_ok[None, :])
     if HAS_BIAS:
@@ -274,7 +276,7 @@ def conv2d_pointwise_dw(
 
 Conv2dPointwiseDw = kernel_object(
     conv2d_pointwise_dw,
-    helpers=(conv_dot, *PARTIAL_ROW_HELPERS),
+    helpers=(conv_dot, sums_beside_dot, *PARTIAL_ROW_HELPERS),
     example=(False, True, 64, 64, 64),
     entry=conv2d_pointwise_dw_entry,
     pointer_dtypes={"partial": torch.float32},

@@ -16,7 +16,7 @@ from .checks import check_numel
 from .conv2d_gemm_forward import check_grid_3d
 from .conv2d_winograd import POINTS, load_points
 from .host_math import cdiv
-from .tensor_core import conv_dot
+from .tensor_core import conv_dot, sums_beside_dot
 
 def products_row_size(m, n, has_bias):
     """fp32 elements of one split's row of `c`: 16 [M, N] products, then M bias sums when `has_bias`."""
@@ -76,12 +76,13 @@ def conv2d_winograd_products(a, b, c, M, N, K, SPLIT, HAS_BIAS: tl.constexpr, TF
     row_sums = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k in range(k_first, k_end, BLOCK_K):
         ks = k + rk
-        a_tile = tl.load(a_rows + ks[None, :], mask=(rm < M)[:, None] & (ks < k_end)[None, :], other=0.0)
+        a_tile_ok = (rm < M)[:, None] & (ks < k_end)[None, :]
+        a_tile = tl.load(a_rows + ks[None, :], mask=a_tile_ok, other=0.0)
         b_tile = tl.load(b_rows + ks[:, None], mask=(ks < k_end)[:, None] & (rn < N)[None, :], other=0.0)
         acc = conv_dot(a_tile, b_tile, acc, TF32)
         if HAS_BIAS:
             if sums_bias:
-                row_sums += tl.sum(a_tile, axis=1)
+                row_sums = sums_beside_dot(row_sums, a_rows + ks[None, :], a_tile_ok, 1)
     row = c + split.to(tl.int64) * _row_length(M, N, HAS_BIAS)
     tl.store(row + z * M * N + rm[:, None] * N + rn[None, :], acc, mask=(rm < M)[:, None] & (rn < N)[None, :])
     if HAS_BIAS:
@@ -190,7 +191,7 @@ def conv2d_winograd_dw_finish(partial, dw, dbias, SPLIT, C_OUT, C_IN, HAS_BIAS: 
 
 Conv2dWinogradProducts = kernel_object(
     conv2d_winograd_products,
-    helpers=(conv_dot, _row_length),
+    helpers=(conv_dot, sums_beside_dot, _row_length),
     example=(False, False, 128, 64, 32),
     entry=conv2d_winograd_products_entry,
     flags=("HAS_BIAS", "TF32"),

@@ -93,3 +93,19 @@ def bf16x3_total(acc, cross, OPERAND: tl.constexpr):
 
 
 BF16X3_HELPERS = (bf16x3_dot, bf16_parts, bf16x3_total)  # for kernel objects' `helpers` (their source and hash)
+
+
+@triton.jit
+def sums_beside_dot(sums, pointers, mask, AXIS: tl.constexpr):
+    """sums + the fp32 sums along AXIS of the tile at `pointers` (0 where not `mask`), for a tile that the
+    same loop step also loads as a `tl.dot` operand (the bias gradient's dy).
+
+    The tile is loaded again here rather than summed from the operand. A loaded tile that feeds both an
+    asynchronous wgmma and registers gets a shared-memory ring one slot too short from Triton's software
+    pipeliner (seen in 3.6 and 3.9 on sm_90): the copy for step i+2 overwrites the slot that step i's
+    product may still be reading. On the H200 the 1x1 dw with bias, 128 x 128 tiles, 8 warps, 3 stages,
+    gave a different result on each of 19 launches, off by up to 0.2 of the largest sum. The second
+    load has its own eviction policy, so the compiler does not merge the two loads; it reads the tile
+    from registers, and the product's ring keeps its full depth (tests/test_pipeline_rings.py)."""
+    tile = tl.load(pointers, mask=mask, other=0.0, eviction_policy="evict_first")
+    return sums + tl.sum(tile.to(tl.float32), axis=AXIS)
