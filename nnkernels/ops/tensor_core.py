@@ -106,6 +106,7 @@ def sums_beside_dot(sums, pointers, mask, AXIS: tl.constexpr):
     product may still be reading. On the H200 the 1x1 dw with bias, 128 x 128 tiles, 8 warps, 3 stages,
     gave a different result on each of 19 launches, off by up to 0.2 of the largest sum. The second
     load has its own eviction policy, so the compiler does not merge the two loads; it reads the tile
-    from registers, and the product's ring keeps its full depth (tests/test_pipeline_rings.py)."""
+    from registers, and the product's ring keeps its full depth (tests/test_pipeline_rings.py). It costs
+    the dw kernel 1.2x to 1.5x its time without bias on the H200 (BENCHMARKS.md, twentieth session)."""
     tile = tl.load(pointers, mask=mask, other=0.0, eviction_policy="evict_first")
     return sums + tl.sum(tile.to(tl.float32), axis=AXIS)
