@@ -18,7 +18,7 @@ from .checks import check_numel
 from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
 from .host_math import cdiv
-from .tensor_core import conv_dot, sums_beside_dot
+from .tensor_core import conv_dot
 
 
 def check_image_tiles(k):
@@ -146,7 +146,7 @@ def conv2d_gemm_cl_forward(
 
 
 def conv2d_gemm_cl_dw_entry(k, a):
-    """Grid (c_out tiles * tap groups * channel blocks, SPLIT, 1) for `Conv2dGemmClDw`."""
+    """Grid (c_out tiles * (tap groups * channel blocks + has_bias), SPLIT, 1) for `Conv2dGemmClDw`."""
     check_conv_launch(k, a, 1)
     if k.tap_span < 1 or k.tap_span & (k.tap_span - 1) or k.block_n % k.tap_span:
         raise ValueError(f"tap_span: expected a power of two dividing block_n = {k.block_n}, got {k.tap_span}")
@@ -160,8 +160,8 @@ def conv2d_gemm_cl_dw_entry(k, a):
         raise ValueError(f"SPLIT: expected at most B*OH*OW = {a.B * a.OH * a.OW} slices, got {a.SPLIT}")
     row = dw_partial_size(a.C_OUT, a.C_IN, k.kh, k.kw, k.has_bias)
     check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C_OUT*C_IN*KH*KW [+ C_OUT with HAS_BIAS])")
-    tiles = (cdiv(a.C_OUT, k.block_m) * cdiv(k.kh * k.kw, k.tap_span)
-             * (a.C_IN // channels_per_tap))
+    m_tiles = cdiv(a.C_OUT, k.block_m)
+    tiles = m_tiles * cdiv(k.kh * k.kw, k.tap_span) * (a.C_IN // channels_per_tap) + (m_tiles if k.has_bias else 0)
     return check_grid_3d(tiles, a.SPLIT, 1)
 
 
@@ -178,14 +178,15 @@ def conv2d_gemm_cl_dw(
     dy is [B, OH, OW, C_OUT] and x is [B, H, W, C_IN], both contiguous. A column tile holds
     TAP_SPAN taps by CT = BLOCK_N/TAP_SPAN channels: CT divides C_IN, and CT == C_IN when
     TAP_SPAN > 1 (small C_IN: a tile of several taps reuses each dy tile for all of them).
-    Grid: (cdiv(C_OUT, BLOCK_M) * cdiv(KH*KW, TAP_SPAN) * C_IN/CT, SPLIT, 1). Program (tile, s)
-    takes the pixels p = b*OH*OW + oh*OW + ow of slice s, [s*L, min((s+1)*L, B*OH*OW)) with
-    L = cdiv(cdiv(B*OH*OW, SPLIT), BLOCK_K)*BLOCK_K, its BLOCK_M channels c_out, its taps
-    tap = kh*KW + kw and its channels c_in, and writes
+    Grid: (M * cdiv(KH*KW, TAP_SPAN) * C_IN/CT + (M when HAS_BIAS), SPLIT, 1), M = cdiv(C_OUT, BLOCK_M).
+    Program (tile, s) takes the pixels p = b*OH*OW + oh*OW + ow of slice s, [s*L, min((s+1)*L, B*OH*OW))
+    with L = cdiv(cdiv(B*OH*OW, SPLIT), BLOCK_K)*BLOCK_K. A product tile (tile < M * tap groups * C_IN/CT),
+    with its BLOCK_M channels c_out, its taps tap = kh*KW + kw and its channels c_in, writes
         partial[s, c_out*C_IN*KH*KW + c_in*KH*KW + kh*KW + kw] = sum over p of dy[b, oh, ow, c_out]
             * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
-    (x read as 0 outside the image) and, when HAS_BIAS, the tiles of the first taps and channels
-    also write partial[s, C_OUT*C_IN*KH*KW + c_out] = sum over p of dy[b, oh, ow, c_out].
+    (x read as 0 outside the image); with HAS_BIAS, the M programs after them write, for their BLOCK_M
+    channels, partial[s, C_OUT*C_IN*KH*KW + c_out] = sum over p of dy[b, oh, ow, c_out] (programs of their
+    own: `ops.tensor_core.sums_beside_dot` says why).
     Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 sums; every element of `partial` is written.
     """
     pid_tile = tl.program_id(0)
@@ -194,47 +195,50 @@ def conv2d_gemm_cl_dw(
     CT: tl.constexpr = BLOCK_N // TAP_SPAN
     channel_blocks = C_IN // CT
     tiles_per_m = tl.cdiv(taps, TAP_SPAN) * channel_blocks
-    tile_m = pid_tile // tiles_per_m
-    tile_n = pid_tile % tiles_per_m
-    tap = (tile_n // channel_blocks) * TAP_SPAN + tl.arange(0, TAP_SPAN)
-    tap_ok = tap < taps
-    c_in = (tile_n % channel_blocks) * CT + tl.arange(0, CT)
-    dh = (tap // KW) * DIL_H
-    dw = (tap % KW) * DIL_W
-    c_out = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    c_out_ok = c_out < C_OUT
+    product_tiles = tl.cdiv(C_OUT, BLOCK_M) * tiles_per_m
     ohw = OH * OW
     pixels = B * ohw
     slice_len = tl.cdiv(tl.cdiv(pixels, SPLIT), BLOCK_K) * BLOCK_K
     slice_first = split * slice_len
     slice_end = tl.minimum(slice_first + slice_len, pixels)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    dbias = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for p_first in range(slice_first, slice_end, BLOCK_K):
-        p = p_first + tl.arange(0, BLOCK_K)
-        p_ok = p < slice_end
-        p_in_image = p % ohw
-        ih = ((p_in_image // OW) * STRIDE_H - PAD_H)[:, None] + dh[None, :]
-        iw = ((p_in_image % OW) * STRIDE_W - PAD_W)[:, None] + dw[None, :]
-        inside = p_ok[:, None] & tap_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        dy_tile_ptr = dy + (p.to(tl.int64) * C_OUT)[:, None] + c_out[None, :]
-        dy_tile_ok = p_ok[:, None] & c_out_ok[None, :]
-        dy_tile = tl.load(dy_tile_ptr, mask=dy_tile_ok, other=0.0)
-        x_pixel = (((p // ohw).to(tl.int64)[:, None] * H + ih) * W + iw) * C_IN
-        x_taps = tl.load(x + x_pixel[:, :, None] + c_in[None, None, :], mask=inside[:, :, None], other=0.0)
-        x_tile = tl.reshape(x_taps, [BLOCK_K, BLOCK_N])
-        acc = conv_dot(tl.trans(dy_tile), x_tile, acc, TF32)
-        if HAS_BIAS:
-            if tile_n == 0:  # only the first tap and channel tile stores them
-                dbias = sums_beside_dot(dbias, dy_tile_ptr, dy_tile_ok, 0)
     row = partial_row(partial, split, C_OUT * C_IN * taps, C_OUT, HAS_BIAS)
-    column = tl.reshape(c_in[None, :] * taps + tap[:, None], [BLOCK_N])
-    column_ok = tl.reshape(tap_ok[:, None] & (c_in < C_IN)[None, :], [BLOCK_N])
-    tl.store(row + (c_out * (C_IN * taps))[:, None] + column[None, :], acc,
-             mask=c_out_ok[:, None] & column_ok[None, :])
-    if HAS_BIAS:
-        if tile_n == 0:
-            tl.store(row + C_OUT * C_IN * taps + c_out, dbias, mask=c_out_ok)
+    if pid_tile < product_tiles:
+        tile_n = pid_tile % tiles_per_m
+        tap = (tile_n // channel_blocks) * TAP_SPAN + tl.arange(0, TAP_SPAN)
+        tap_ok = tap < taps
+        c_in = (tile_n % channel_blocks) * CT + tl.arange(0, CT)
+        dh = (tap // KW) * DIL_H
+        dw = (tap % KW) * DIL_W
+        c_out = (pid_tile // tiles_per_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+        c_out_ok = c_out < C_OUT
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for p_first in range(slice_first, slice_end, BLOCK_K):
+            p = p_first + tl.arange(0, BLOCK_K)
+            p_ok = p < slice_end
+            p_in_image = p % ohw
+            ih = ((p_in_image // OW) * STRIDE_H - PAD_H)[:, None] + dh[None, :]
+            iw = ((p_in_image % OW) * STRIDE_W - PAD_W)[:, None] + dw[None, :]
+            inside = p_ok[:, None] & tap_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            dy_tile = tl.load(dy + (p.to(tl.int64) * C_OUT)[:, None] + c_out[None, :],
+                              mask=p_ok[:, None] & c_out_ok[None, :], other=0.0)
+            x_pixel = (((p // ohw).to(tl.int64)[:, None] * H + ih) * W + iw) * C_IN
+            x_taps = tl.load(x + x_pixel[:, :, None] + c_in[None, None, :], mask=inside[:, :, None], other=0.0)
+            x_tile = tl.reshape(x_taps, [BLOCK_K, BLOCK_N])
+            acc = conv_dot(tl.trans(dy_tile), x_tile, acc, TF32)
+        column = tl.reshape(c_in[None, :] * taps + tap[:, None], [BLOCK_N])
+        column_ok = tl.reshape(tap_ok[:, None] & (c_in < C_IN)[None, :], [BLOCK_N])
+        tl.store(row + (c_out * (C_IN * taps))[:, None] + column[None, :], acc,
+                 mask=c_out_ok[:, None] & column_ok[None, :])
+    elif HAS_BIAS:
+        c_out = (pid_tile - product_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+        c_out_ok = c_out < C_OUT
+        dbias = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for p_first in range(slice_first, slice_end, BLOCK_K):
+            p = p_first + tl.arange(0, BLOCK_K)
+            dy_tile = tl.load(dy + (p.to(tl.int64) * C_OUT)[:, None] + c_out[None, :],
+                              mask=(p < slice_end)[:, None] & c_out_ok[None, :], other=0.0)
+            dbias += tl.sum(dy_tile.to(tl.float32), axis=0)
+        tl.store(row + C_OUT * C_IN * taps + c_out, dbias, mask=c_out_ok)
 
 
 Conv2dGemmClForward = kernel_object(
@@ -250,7 +254,7 @@ Conv2dGemmClForward = kernel_object(
 )
 Conv2dGemmClDw = kernel_object(
     conv2d_gemm_cl_dw,
-    helpers=(conv_dot, sums_beside_dot, *PARTIAL_ROW_HELPERS),
+    helpers=(conv_dot, *PARTIAL_ROW_HELPERS),
     example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64, 1),
     entry=conv2d_gemm_cl_dw_entry,
     pointer_dtypes={"partial": torch.float32},

@@ -16,7 +16,7 @@ from .checks import check_grid, check_numel
 from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 from .conv2d_gemm_forward import check_grid_3d
 from .host_math import cdiv
-from .tensor_core import conv_dot, sums_beside_dot, tf32_rounded
+from .tensor_core import conv_dot, tf32_rounded
 
 
 def conv2d_pointwise_fp32_out_entry(k, a):
@@ -210,7 +210,7 @@ Conv2dPointwiseFp32Out = kernel_object(
 
 
 def conv2d_pointwise_dw_entry(k, a):
-    """Grid (cdiv(C_OUT, block_m) * cdiv(C_IN, block_n), SPLIT) for `Conv2dPointwiseDw`."""
+    """Grid (cdiv(C_OUT, block_m) * (cdiv(C_IN, block_n) + has_bias), SPLIT) for `Conv2dPointwiseDw`."""
     check_numel("dy", a.dy, a.B * a.C_OUT * a.HW, "B*C_OUT*HW")
     check_numel("x", a.x, a.B * a.C_IN * a.HW, "B*C_IN*HW")
     steps = a.B * cdiv(a.HW, k.block_k)
@@ -218,8 +218,8 @@ def conv2d_pointwise_dw_entry(k, a):
         raise ValueError(f"SPLIT: expected at most B*cdiv(HW, block_k) = {steps} slices, got {a.SPLIT}")
     row = dw_partial_size(a.C_OUT, a.C_IN, 1, 1, k.has_bias)
     check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C_OUT*C_IN [+ C_OUT with HAS_BIAS])")
-    tiles = cdiv(a.C_OUT, k.block_m) * cdiv(a.C_IN, k.block_n)
-    return (check_grid(tiles)[0], a.SPLIT)
+    m_tiles = cdiv(a.C_OUT, k.block_m)
+    return (check_grid(m_tiles * cdiv(a.C_IN, k.block_n) + (m_tiles if k.has_bias else 0))[0], a.SPLIT)
 
 
 @triton.jit
@@ -232,51 +232,58 @@ def conv2d_pointwise_dw(
 
     The reduction runs over steps t = b * cdiv(HW, BLOCK_K) + j (image b, pixels j*BLOCK_K onwards);
     slice s takes steps [s*L, min((s+1)*L, T)), L = cdiv(T, SPLIT), T = B*cdiv(HW, BLOCK_K).
-    Grid: (cdiv(C_OUT, BLOCK_M) * cdiv(C_IN, BLOCK_N), SPLIT). Program (tile, s) writes
+    Grid: (M * cdiv(C_IN, BLOCK_N) + (M when HAS_BIAS), SPLIT), M = cdiv(C_OUT, BLOCK_M). Program (tile, s),
+    tile < M * cdiv(C_IN, BLOCK_N), writes
         partial[s, c_out*C_IN + c_in] = sum over its steps' pixels of dy[b, c_out, p] * x[b, c_in, p]
-    for its BLOCK_M x BLOCK_N tile and, when HAS_BIAS, the programs of the first c_in tile write
-        partial[s, C_OUT*C_IN + c_out] = sum over the same pixels of dy[b, c_out, p].
+    for its BLOCK_M x BLOCK_N tile; with HAS_BIAS, program (M * cdiv(C_IN, BLOCK_N) + m, s) writes
+        partial[s, C_OUT*C_IN + c_out] = sum over the same pixels of dy[b, c_out, p]
+    for the BLOCK_M channels of tile m. The sums have programs of their own because a product operand
+    summed in registers too gets a racing pipeline (`ops.tensor_core.sums_beside_dot`).
     Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 sums; every element of `partial` is
     written. Conv2dDwReduce then adds the slices in order (deterministic).
     """
     pid_tile = tl.program_id(0)
     split = tl.program_id(1)
     num_n_tiles = tl.cdiv(C_IN, BLOCK_N)
-    c_out = (pid_tile // num_n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
-    c_in = (pid_tile % num_n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_out_ok = c_out < C_OUT
-    c_in_ok = c_in < C_IN
+    product_tiles = tl.cdiv(C_OUT, BLOCK_M) * num_n_tiles
     steps_per_image = tl.cdiv(HW, BLOCK_K)
     steps = B * steps_per_image
     per_slice = tl.cdiv(steps, SPLIT)
     first = split * per_slice
     end = tl.minimum(first + per_slice, steps)
     p = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    dbias = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for step in range(first, end):
-        b = step // steps_per_image
-        pixel = (step % steps_per_image) * BLOCK_K + p
-        pixel_ok = pixel < HW
-        dy_tile_ptr = dy + (b.to(tl.int64) * C_OUT + c_out[:, None]) * HW + pixel[None, :]
-        dy_tile_ok = c_out_ok[:, None] & pixel_ok[None, :]
-        dy_tile = tl.load(dy_tile_ptr, mask=dy_tile_ok, other=0.0)
-        x_tile = tl.load(x + (b.to(tl.int64) * C_IN + c_in[None, :]) * HW + pixel[:, None],
-                         mask=pixel_ok[:, None] & c_in_ok[None, :], other=0.0)
-        acc = conv_dot(dy_tile, x_tile, acc, TF32)
-        if HAS_BIAS:
-            if pid_tile % num_n_tiles == 0:  # only the first column tile stores them
-                dbias = sums_beside_dot(dbias, dy_tile_ptr, dy_tile_ok, 1)
     row = partial_row(partial, split, C_OUT * C_IN, C_OUT, HAS_BIAS)
-    tl.store(row + c_out[:, None] * C_IN + c_in[None, :], acc, mask=c_out_ok[:, None] & c_in_ok[None, :])
-    if HAS_BIAS:
-        if pid_tile % num_n_tiles == 0:
-            tl.store(row + C_OUT * C_IN + c_out, dbias, mask=c_out_ok)
+    if pid_tile < product_tiles:
+        c_out = (pid_tile // num_n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+        c_in = (pid_tile % num_n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_out_ok = c_out < C_OUT
+        c_in_ok = c_in < C_IN
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for step in range(first, end):
+            b = step // steps_per_image
+            pixel = (step % steps_per_image) * BLOCK_K + p
+            pixel_ok = pixel < HW
+            dy_tile = tl.load(dy + (b.to(tl.int64) * C_OUT + c_out[:, None]) * HW + pixel[None, :],
+                              mask=c_out_ok[:, None] & pixel_ok[None, :], other=0.0)
+            x_tile = tl.load(x + (b.to(tl.int64) * C_IN + c_in[None, :]) * HW + pixel[:, None],
+                             mask=pixel_ok[:, None] & c_in_ok[None, :], other=0.0)
+            acc = conv_dot(dy_tile, x_tile, acc, TF32)
+        tl.store(row + c_out[:, None] * C_IN + c_in[None, :], acc, mask=c_out_ok[:, None] & c_in_ok[None, :])
+    elif HAS_BIAS:
+        c_out = (pid_tile - product_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+        c_out_ok = c_out < C_OUT
+        dbias = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for step in range(first, end):
+            pixel = (step % steps_per_image) * BLOCK_K + p
+            dy_tile = tl.load(dy + ((step // steps_per_image).to(tl.int64) * C_OUT + c_out[:, None]) * HW
+                              + pixel[None, :], mask=c_out_ok[:, None] & (pixel < HW)[None, :], other=0.0)
+            dbias += tl.sum(dy_tile.to(tl.float32), axis=1)
+        tl.store(row + C_OUT * C_IN + c_out, dbias, mask=c_out_ok)
 
 
 Conv2dPointwiseDw = kernel_object(
     conv2d_pointwise_dw,
-    helpers=(conv_dot, sums_beside_dot, *PARTIAL_ROW_HELPERS),
+    helpers=(conv_dot, *PARTIAL_ROW_HELPERS),
     example=(False, True, 64, 64, 64),
     entry=conv2d_pointwise_dw_entry,
     pointer_dtypes={"partial": torch.float32},

@@ -98,7 +98,7 @@ BF16X3_HELPERS = (bf16x3_dot, bf16_parts, bf16x3_total)  # for kernel objects' `
 @triton.jit
 def sums_beside_dot(sums, pointers, mask, AXIS: tl.constexpr):
     """sums + the fp32 sums along AXIS of the tile at `pointers` (0 where not `mask`), for a tile that the
-    same loop step also loads as a `tl.dot` operand (the bias gradient's dy).
+    same loop step also loads as a `tl.dot` operand (the Winograd products' bias sums).
 
     The tile is loaded again here rather than summed from the operand. A loaded tile that feeds both an
     asynchronous wgmma and registers gets a shared-memory ring one slot too short from Triton's software
@@ -106,7 +106,9 @@ def sums_beside_dot(sums, pointers, mask, AXIS: tl.constexpr):
     product may still be reading. On the H200 the 1x1 dw with bias, 128 x 128 tiles, 8 warps, 3 stages,
     gave a different result on each of 19 launches, off by up to 0.2 of the largest sum. The second
     load has its own eviction policy, so the compiler does not merge the two loads; it reads the tile
-    from registers, and the product's ring keeps its full depth (tests/test_pipeline_rings.py). It costs
-    the dw kernel 1.2x to 1.5x its time without bias on the H200 (BENCHMARKS.md, twentieth session)."""
+    from registers, and the product's ring keeps its full depth (tests/test_pipeline_rings.py).
+    It cost the 1x1 dw 1.2x to 1.5x its time without bias, so the split dw kernels give the bias sums
+    programs of their own instead (1.0x to 1.1x on most shapes; BENCHMARKS.md, twentieth session). The
+    Winograd products keep it: only the first column tile of one of their 16 points sums."""
     tile = tl.load(pointers, mask=mask, other=0.0, eviction_policy="evict_first")
     return sums + tl.sum(tile.to(tl.float32), axis=AXIS)
