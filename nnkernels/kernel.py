@@ -308,17 +308,26 @@ class KernelObject:
                 self._compiled[target] = self.build(target)
         return self._compiled[target]
 
-    def build(self, target: str) -> CompiledKernel:
-        """Run Triton's compiler in this process; see `compile`, which also serves interpreted processes."""
+    def triton_compile(self, target: str, aligned: bool = False):
+        """Triton's compiled kernel for `target` (its `asm` holds every stage, TTGIR to cubin), built in this
+        process. `aligned`: specialised as `launch`'s JIT specialises aligned tensors (pointers 16-byte
+        aligned, every integer argument a multiple of 16) instead of assuming nothing (see `compile`)."""
         cls = type(self)
         signature = dict(self.signature)
         signature.update({c: "constexpr" for c in cls.constant_names})
-        source = ASTSource(cls._compile_fn, signature, _constexpr_keys(cls._compile_fn, self.constants))
-        built = triton.compile(
+        params = list(inspect.signature(cls._compile_fn.fn).parameters)
+        attrs = {(params.index(name),): [["tt.divisibility", 16]] for name, kind in self.signature.items()
+                 if aligned and kind.startswith(("*", "i"))}
+        source = ASTSource(cls._compile_fn, signature, _constexpr_keys(cls._compile_fn, self.constants), attrs)
+        return triton.compile(
             source,
             target=GPUTarget("cuda", parse_target(target), 32),
             options={"num_warps": self.num_warps, "num_stages": self.num_stages},
         )
+
+    def build(self, target: str) -> CompiledKernel:
+        """Run Triton's compiler in this process; see `compile`, which also serves interpreted processes."""
+        built = self.triton_compile(target)
         return CompiledKernel(
             name=built.name,
             target=target,

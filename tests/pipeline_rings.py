@@ -14,7 +14,6 @@ argument a multiple of 16) and prints, per kernel, its rings and whether a produ
 The script runs in its own process because an interpreted process cannot also run the compiler.
 """
 import importlib
-import inspect
 import json
 import re
 import sys
@@ -65,19 +64,7 @@ def async_products(text):
 
 def compile_ttgir(kernel):
     """The kernel object's sm_90 TTGIR, specialised as described in the module docstring."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    cls = type(kernel)
-    params = list(inspect.signature(cls._compile_fn.fn).parameters)
-    signature = dict(kernel.signature, **{name: "constexpr" for name in cls.constant_names})
-    constants = {(params.index(name),): value for name, value in kernel.constants.items()}
-    aligned = {(params.index(name),): [["tt.divisibility", 16]] for name, kind in kernel.signature.items()
-               if kind.startswith(("*", "i"))}
-    source = ASTSource(cls._compile_fn, signature, constants, aligned)
-    options = {"num_warps": kernel.num_warps, "num_stages": kernel.num_stages}
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ttgir"]
+    return kernel.triton_compile("sm_90", aligned=True).asm["ttgir"]
 
 
 def _main():
