@@ -138,18 +138,23 @@ def test_candidates_for_b32_c2048_7x7_are_tiles_of_4k_8k_16k_at_4_and_8_warps():
         candidates = bn.grouped_candidates(32, 2048, 49, element_size, heuristic_channels=4)
         assert [(c.block_k, c.num_warps) for c in candidates] == [(4, 8), (2, 4), (8, 8), (4, 4), (2, 8), (8, 4)]
         assert [(c.block_m, c.block_n) for c in candidates[:3]] == [(32, 256), (32, 128), (32, 512)]
+        forward = bn.grouped_candidates(32, 2048, 49, element_size, heuristic_channels=4, step="train_forward")
+        assert [(c.block_k, c.num_warps) for c in forward] == [(4, 8), (2, 1), (4, 2), (2, 4), (8, 8), (4, 4)]
     for B, C, HW in ((32, 512, 49), (32, 1024, 196), (8, 512, 16), (3, 7, 15)):
-        candidates = bn.grouped_candidates(B, C, HW, 4, heuristic_channels=1)
-        assert 1 <= len(candidates) <= bn.MOST_GROUPED_CANDIDATES == 6
-        assert len(set(candidates)) == len(candidates)
-        assert all(c.block_m >= B and c.block_n >= c.block_k * HW for c in candidates)
+        for step in ("train_forward", "eval_backward"):
+            candidates = bn.grouped_candidates(B, C, HW, 4, heuristic_channels=1, step=step)
+            assert 1 <= len(candidates) <= bn.MOST_GROUPED_CANDIDATES == 6
+            assert len(set(candidates)) == len(candidates)
+            assert all(c.block_m >= B and c.block_n >= c.block_k * HW for c in candidates)
+            assert all(c.block_m * c.block_n <= 32 * c.num_warps * bn.MOST_ELEMENTS_PER_THREAD for c in candidates)
 
 
 # (B, C, H, W, tile shapes, min programs): on the CPU, tiles scaled down so that a tiny shape gets 2, 4 and 8
 # channels per program (C = 10: the last program of 4 or 8 holds 2 channels), besides the interpreter's
-# heuristic (all channels in one program); on the GPU the library's own shapes over 36 channels of 7x7.
+# heuristic (all channels in one program); on the GPU the library's own shapes, the training forward's
+# first, over 36 channels of 7x7, for every step.
 CPU_CASE = (3, 10, 2, 3, ((96, 8), (48, 4), (192, 8), (96, 4), (48, 8), (192, 4), (24, 4)), 1)
-GPU_CASE = (32, 36, 7, 7, bn.GROUPED_SHAPES, 1)
+GPU_CASE = (32, 36, 7, 7, bn.GROUPED_FORWARD_SHAPES + bn.GROUPED_SHAPES, 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)

@@ -111,27 +111,42 @@ def _plan(x):
 # overlap; larger ones load longer rows in wider vectors (more channels per row). The last one only shows
 # where channels per program are few (the list is cut at MOST_GROUPED_CANDIDATES).
 GROUPED_SHAPES = ((8192, 8), (4096, 4), (16384, 8), (8192, 4), (4096, 8), (16384, 4), (2048, 4))
+# The training forward holds one tile (x) per program where a backward holds two (dy, x); on B32 C2048 7x7 its
+# fastest configs ran 4K and 8K-element tiles at 1 and 2 warps (fp32 13.2 and 13.8 µs against 14.8 for the
+# best of GROUPED_SHAPES, bf16 10.7 and 11.6 against 13.1; BENCHMARKS.md, twenty-first session), which
+# GROUPED_SHAPES never offers: they come first in its list.
+GROUPED_FORWARD_SHAPES = ((4096, 1), (8192, 2))
 # Candidates keep at least one program per SM of an H200, and 128 elements per warp (4 per thread).
 GROUPED_MIN_PROGRAMS = 132
 ELEMENTS_PER_WARP = 128
+# and at most this many elements per thread, where a tile holds more than `shapes` meant (a channel of 14x14
+# rounds up to 256 columns), so that the registers hold them.
+MOST_ELEMENTS_PER_THREAD = 128
 MOST_GROUPED_CANDIDATES = 6
 
 
-def grouped_candidates(B, C, HW, element_size, heuristic_channels, *, shapes=GROUPED_SHAPES,
+def grouped_candidates(B, C, HW, element_size, heuristic_channels, *, step="", shapes=None,
                        min_programs=GROUPED_MIN_PROGRAMS):
-    """Configs a grouped (several channels per program) batch-norm launch is tuned over: first the plan's
-    own guess (`heuristic_channels`, 8 warps), then per (tile, num_warps) of `shapes` the channels per
-    program that `fused_channels` fits in about `tile` elements with at least `min_programs` programs,
-    preferring rows that load 16 bytes at once; num_warps at most one per ELEMENTS_PER_WARP elements of the
-    tile; duplicates dropped, at most MOST_GROUPED_CANDIDATES. On B32 C2048 7x7 (fp32 and bf16): channels
-    / warps 4/8, 2/4, 8/8, 4/4, 2/8, 8/4 (tiles [32, 256], [32, 128], [32, 512]: 512, 1024, 256 programs).
+    """Configs a grouped (several channels per program) batch-norm launch of `step` is tuned over: first the
+    plan's own guess (`heuristic_channels`, 8 warps), then per (tile, num_warps) of `shapes` (by default
+    GROUPED_SHAPES, after GROUPED_FORWARD_SHAPES for the "train_forward" step) the channels per program that
+    `fused_channels` fits in about `tile` elements with at least `min_programs` programs, preferring rows
+    that load 16 bytes at once; num_warps at most one per ELEMENTS_PER_WARP elements of the tile and at
+    least one per 32 * MOST_ELEMENTS_PER_THREAD; duplicates dropped, at most MOST_GROUPED_CANDIDATES. On
+    B32 C2048 7x7 (fp32 and bf16): channels / warps 4/8, 2/4, 8/8, 4/4, 2/8, 8/4 (tiles [32, 256],
+    [32, 128], [32, 512]: 512, 1024, 256 programs); for the training forward 4/8, 2/1, 4/2, 2/4, 8/8, 4/4.
 
     A `tuning.Config` holds one as: block_m = BLOCK_B (images per tile), block_n = BLOCK_J (columns per
     tile), block_k = CHANNELS (channels per program), num_warps; num_stages and split unused (no loop).
     The vector width is not a choice: `grouped_plan` takes the widest one the channels' rows allow."""
+    if shapes is None:
+        shapes = (GROUPED_FORWARD_SHAPES if step == "train_forward" else ()) + GROUPED_SHAPES
+
     def config(channels, num_warps):
         plan = grouped_plan(B, C, HW, channels, element_size)
-        num_warps = max(1, min(num_warps, plan.block_b * plan.block_j // ELEMENTS_PER_WARP))
+        elements = plan.block_b * plan.block_j
+        num_warps = max(1, min(num_warps, elements // ELEMENTS_PER_WARP),
+                        elements // (32 * MOST_ELEMENTS_PER_THREAD))
         return tuning.Config(plan.block_b, plan.block_j, channels, num_warps)
 
     configs = [config(heuristic_channels, 8)]
@@ -158,7 +173,7 @@ def _run_grouped(step, cls, x, plan, arguments):
         _run(step, [(kernel, arguments(config.block_k))])
 
     run(tuning.choose(f"batch_norm_{step}_grouped", (B, C, HW, str(x.dtype)),
-                      lambda: grouped_candidates(B, C, HW, size, plan.channels), run))
+                      lambda: grouped_candidates(B, C, HW, size, plan.channels, step=step), run))
 
 
 # Tuning candidates of the split training passes (two kernels each), the heuristic's first: (elements per
