@@ -42,7 +42,7 @@ def _kernels(dtype, B, C, HW, channels):
     plan = batch_norm_plan(B, C, HW, element_size=dtype.itemsize, channels=channels)
     assert plan.fused and plan.channels == channels
     grouped = (plan.block_c, plan.block_b, plan.block_j, plan.vector)
-    train = [cls(*grouped, dtype=dtype) for cls in (BatchNorm2dTrainForwardFused, BatchNorm2dTrainBackwardFused)]
+    train = [BatchNorm2dTrainForwardFused(*grouped, True, dtype=dtype), BatchNorm2dTrainBackwardFused(*grouped, dtype=dtype)]
     return train + [BatchNorm2dEvalForwardGrouped(*grouped[1:], dtype=dtype),
                    BatchNorm2dEvalBackwardGrouped(*grouped, dtype=dtype)]
 
@@ -66,7 +66,9 @@ def test_fused_kernels_match_float64(dtype, shape):
 
     y, dx = poisoned(B, C, H, W, dtype=dtype), poisoned(B, C, H, W, dtype=dtype)
     mean, rstd, var_unbiased, dweight, dbias = (poisoned(C) for _ in range(5))
-    train_forward.launch(x, y, weight, bias, mean, rstd, var_unbiased, B, C, HW, channels, 1e-5)
+    new_mean, new_var = running_mean.clone(), running_var.clone()  # updated in place
+    train_forward.launch(x, y, weight, bias, mean, rstd, var_unbiased, new_mean, new_var, new_mean, new_var,
+                         B, C, HW, channels, 1e-5, 0.3)
     train_backward.launch(dy, x, dx, weight, mean, rstd, dweight, dbias, B, C, HW, channels)
     w64, b64 = weight.double().requires_grad_(), bias.double().requires_grad_()
     y64 = F.batch_norm(x64, None, None, w64, b64, True, 0.1, 1e-5)
@@ -75,6 +77,10 @@ def test_fused_kernels_match_float64(dtype, shape):
     assert_close(mean, x64.detach().mean((0, 2, 3)), tol=STATS_TOL)
     assert_close(rstd, (x64.detach().var((0, 2, 3), unbiased=False) + 1e-5).rsqrt(), tol=STATS_TOL)
     assert_close(var_unbiased, x64.detach().var((0, 2, 3), unbiased=True), tol=STATS_TOL)
+    expected_mean, expected_var = running_mean.double(), running_var.double()
+    F.batch_norm(x64.detach(), expected_mean, expected_var, training=True, momentum=0.3)
+    assert_close(new_mean, expected_mean, tol=STATS_TOL)
+    assert_close(new_var, expected_var, tol=STATS_TOL)
     assert_close(dx, x64.grad, dtype)
     assert_close(dweight, w64.grad, tol=STATS_TOL)
     assert_close(dbias, b64.grad, tol=STATS_TOL)

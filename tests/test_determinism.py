@@ -57,7 +57,7 @@ CONV_CL = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward", "C
 CONV_CL_TMA = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dTmaDw",
                "Conv2dDwReduce")  # dx: the forward kernel
 CONV_DEPTHWISE = ("Conv2dDepthwiseForward", "Conv2dDepthwiseDx", "Conv2dDepthwiseDw", "Conv2dDwReduce")
-BN_FUSED = ("BatchNorm2dTrainForwardFused", "BatchNorm2dTrainBackwardFused", "BatchNorm2dUpdateRunningStats")
+BN_FUSED = ("BatchNorm2dTrainForwardFused", "BatchNorm2dTrainBackwardFused")  # the forward updates the running stats
 BN_SPLIT = ("BatchNorm2dPartialStats", "BatchNorm2dTrainNormalize", "BatchNorm2dPartialGradSums",
             "BatchNorm2dTrainBackwardDx", "BatchNorm2dUpdateRunningStats")
 

@@ -188,23 +188,28 @@ def test_batch_norm_custom_ops_pass_opcheck():
     dy = randn(2, C, 3, 2)
     torch.library.opcheck(bn.batch_norm_train_backward_op, (dy, x.detach(), weight.detach(), *stats))
     torch.library.opcheck(bn.batch_norm_eval_backward_op, (dy, x.detach(), *stats, None, 1e-5))
-    torch.library.opcheck(bn.batch_norm_update_running_stats_op, (randn(C), randn(C).abs(), *stats, 0.1))
+    torch.library.opcheck(bn.batch_norm_train_update_op, (x.detach(), weight.detach(), bias.detach(),
+                                                         randn(C), randn(C).abs() + 0.5, 0.1, 1e-5))
 
 
 @gpu
-def test_compiled_fullgraph_matches_eager_on_gpu():
+@pytest.mark.parametrize("spatial", [12, 64], ids=["fused", "split"])  # channels in one tile, or split passes
+def test_compiled_fullgraph_matches_eager_on_gpu(spatial):
     """BN (training, running stats updated in place) then pooling, through torch.compile(fullgraph=True)."""
     C = 8
     weight, bias = randn(C).requires_grad_(), randn(C).requires_grad_()
     stats = {"eager": (torch.zeros(C, device=DEVICE), torch.ones(C, device=DEVICE)),
              "compiled": (torch.zeros(C, device=DEVICE), torch.ones(C, device=DEVICE))}
-    x = randn(16, C, 12, 12)
+    x = randn(16, C, spatial, spatial).requires_grad_()
 
     def step(x, running):
         return pool.avg_pool2d(bn.batch_norm(x, *running, weight, bias, training=True), 3, 2, 1, ceil_mode=True)
 
-    eager = step(x, stats["eager"])
-    compiled = torch.compile(step, fullgraph=True)(x, stats["compiled"])
-    torch.testing.assert_close(compiled, eager)
+    grads = {}
+    for name, fn in (("eager", step), ("compiled", torch.compile(step, fullgraph=True))):
+        y = fn(x, stats[name])
+        grads[name] = (y, *torch.autograd.grad(y.square().sum(), (x, weight, bias)))
+    for a, b in zip(grads["eager"], grads["compiled"]):
+        torch.testing.assert_close(b, a)
     for a, b in zip(stats["eager"], stats["compiled"]):
         torch.testing.assert_close(a, b)

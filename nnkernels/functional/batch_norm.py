@@ -2,19 +2,23 @@
 
 Custom operators (each with a fake implementation, so `torch.compile(fullgraph=True)` traces them):
 - `nnkernels::batch_norm_train(x, weight, bias, eps) -> (y, mean, rstd, var_unbiased)`, with autograd
-  through `nnkernels::batch_norm_train_backward`;
+  through `nnkernels::batch_norm_train_backward` (training without running statistics);
+- `nnkernels::batch_norm_train_update(x, weight, bias, running_mean!, running_var!, momentum, eps)
+  -> (y, mean, rstd)`, which also updates the running statistics in place (in the kernel that takes the
+  statistics, where a channel fits one tile). PyTorch accepts autograd formulas only on functional
+  operators, so its autograd is a `torch.autograd.Function` (`_TrainUpdatingRunningStats`), with the same
+  backward op;
 - `nnkernels::batch_norm_eval(x, running_mean, running_var, weight, bias, eps) -> y`, with autograd
-  through `nnkernels::batch_norm_eval_backward`;
-- `nnkernels::batch_norm_update_running_stats(running_mean!, running_var!, mean, var_unbiased, momentum)`,
-  which mutates the running statistics in place. PyTorch accepts autograd formulas only on
-  functional operators, so the training forward returns the statistics and this small op applies them.
+  through `nnkernels::batch_norm_eval_backward`.
 `last_kernels()` names the kernel objects the latest calls launched.
 
 Channels that fit one tile take the grouped kernels (several channels per program); their channels per
 program and num_warps are timed on the GPU per shape by `nnkernels.tuning.choose` over
 `grouped_candidates`, and remembered; the split training passes' tile, programs and num_warps likewise over
 `split_candidates`. The tuned kernels are pure (each call rewrites all its outputs), so tuning may run them
-many times; the running-statistics update is a separate op, run once after.
+many times; the one in-place output, the running statistics, is written by the launch after tuning
+(`_run_grouped`'s final arguments; tuning's launches write their update to scratch) or, after the split
+passes, by BatchNorm2dUpdateRunningStats, once.
 """
 from __future__ import annotations
 
@@ -156,24 +160,28 @@ def grouped_candidates(B, C, HW, element_size, heuristic_channels, *, step="", s
 
 
 @functools.lru_cache(maxsize=None)
-def _grouped_kernel(cls, dtype, plan, num_warps):
-    constants = (plan.block_b, plan.block_j, plan.vector)
+def _grouped_kernel(cls, dtype, plan, num_warps, more_constants):
+    constants = (plan.block_b, plan.block_j, plan.vector, *more_constants)
     return cls(*((plan.block_c,) if "BLOCK_C" in cls.constant_names else ()), *constants, dtype=dtype,
                num_warps=num_warps)
 
 
-def _run_grouped(step, cls, x, plan, arguments):
+def _run_grouped(step, cls, x, plan, arguments, *, more_constants=(), final_arguments=None):
     """Launch the grouped kernel `cls` for `step` with the config tuning picks for x's shape and dtype;
-    `arguments(channels)` are its launch arguments for `channels` channels per program."""
+    `arguments(channels)` are its launch arguments for `channels` channels per program, and
+    `final_arguments(channels)` (default: the same) those of the one launch after tuning, where an output
+    must be written once (tuning runs the kernel several times). `more_constants` follow the tile's."""
     B, C, HW = _dims(x)
     size = x.element_size()
 
-    def run(config):
-        kernel = _grouped_kernel(cls, x.dtype, grouped_plan(B, C, HW, config.block_k, size), config.num_warps)
+    def run(config, arguments=arguments):
+        kernel = _grouped_kernel(cls, x.dtype, grouped_plan(B, C, HW, config.block_k, size), config.num_warps,
+                                 more_constants)
         _run(step, [(kernel, arguments(config.block_k))])
 
-    run(tuning.choose(f"batch_norm_{step}_grouped", (B, C, HW, str(x.dtype)),
-                      lambda: grouped_candidates(B, C, HW, size, plan.channels, step=step), run))
+    chosen = tuning.choose(f"batch_norm_{step}_grouped", (B, C, HW, str(x.dtype)),
+                           lambda: grouped_candidates(B, C, HW, size, plan.channels, step=step), run)
+    run(chosen, final_arguments or arguments)
 
 
 # Tuning candidates of the split training passes (two kernels each), the heuristic's first: (elements per
@@ -216,11 +224,10 @@ def _stats(x, n):
     return [torch.empty(n, device=x.device, dtype=F32) for _ in range(4)]
 
 
-@torch.library.custom_op("nnkernels::batch_norm_train", mutates_args=())
-def batch_norm_train_op(
-    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Training forward: y, and the batch mean, rstd = 1/sqrt(var + eps) and unbiased variance (fp32, [C])."""
+def _train_forward(x, weight, bias, eps, running=None, momentum=0.0):
+    """The training forward's launches: y, mean, rstd, var_unbiased; with `running` = (running_mean,
+    running_var), also their update in place, once (the fused kernel does it, the split passes launch
+    BatchNorm2dUpdateRunningStats after them)."""
     x = x.contiguous()
     B, C, HW = _dims(x)
     weight, bias = _params(x, weight, bias)
@@ -228,8 +235,22 @@ def batch_norm_train_op(
     mean, rstd, var_unbiased, _ = _stats(x, C)
     plan = _plan(x)
     if plan.fused:
-        _run_grouped("train_forward", BatchNorm2dTrainForwardFused, x, plan,
-                     lambda channels: (x, y, weight, bias, mean, rstd, var_unbiased, B, C, HW, channels, eps))
+        # Without running statistics the kernel never touches its four running pointers: mean and
+        # var_unbiased stand in. While tuning, the updated values go to scratch, so that the running
+        # statistics are updated once, by the launch after.
+        old = running if running is not None else (mean, var_unbiased)
+        scratch = []
+
+        def arguments(channels, new):
+            return (x, y, weight, bias, mean, rstd, var_unbiased, *old, *new, B, C, HW, channels, eps, momentum)
+
+        def tuning_arguments(channels):
+            if running is not None and not scratch:
+                scratch.extend(torch.empty_like(mean) for _ in range(2))
+            return arguments(channels, scratch or old)
+
+        _run_grouped("train_forward", BatchNorm2dTrainForwardFused, x, plan, tuning_arguments,
+                     more_constants=(running is not None,), final_arguments=lambda channels: arguments(channels, old))
         return y, mean, rstd, var_unbiased
 
     def launches(plan, num_warps):
@@ -242,13 +263,42 @@ def batch_norm_train_op(
                              B, C, HW, plan.num_chunks, plan.tiles_per_chunk, eps))]
 
     _run_split("train_forward", x, launches)
+    if running is not None:
+        update = _kernel(BatchNorm2dUpdateRunningStats, F32, min(1024, next_power_of_2(C)))
+        _run("update_running_stats", [(update, (*running, mean, var_unbiased, C, momentum))])
     return y, mean, rstd, var_unbiased
+
+
+@torch.library.custom_op("nnkernels::batch_norm_train", mutates_args=())
+def batch_norm_train_op(
+    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training forward: y, and the batch mean, rstd = 1/sqrt(var + eps) and unbiased variance (fp32, [C])."""
+    return _train_forward(x, weight, bias, eps)
 
 
 @batch_norm_train_op.register_fake
 def _(x, weight, bias, eps):
     C = x.shape[1]
     return torch.empty_like(x), x.new_empty(C, dtype=F32), x.new_empty(C, dtype=F32), x.new_empty(C, dtype=F32)
+
+
+@torch.library.custom_op("nnkernels::batch_norm_train_update", mutates_args=("running_mean", "running_var"))
+def batch_norm_train_update_op(
+    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], running_mean: torch.Tensor,
+    running_var: torch.Tensor, momentum: float, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training forward that also updates the running statistics in place,
+    running = (1 - momentum) * running + momentum * batch statistic (the unbiased variance), fp32:
+    y, and the batch mean and rstd (fp32, [C])."""
+    y, mean, rstd, _ = _train_forward(x, weight, bias, eps, (running_mean, running_var), momentum)
+    return y, mean, rstd
+
+
+@batch_norm_train_update_op.register_fake
+def _(x, weight, bias, running_mean, running_var, momentum, eps):
+    C = x.shape[1]
+    return torch.empty_like(x), x.new_empty(C, dtype=F32), x.new_empty(C, dtype=F32)
 
 
 @torch.library.custom_op("nnkernels::batch_norm_train_backward", mutates_args=())
@@ -388,20 +438,22 @@ def _eval_backward(ctx, dy):
 batch_norm_eval_op.register_autograd(_eval_backward, setup_context=_eval_setup)
 
 
-@torch.library.custom_op("nnkernels::batch_norm_update_running_stats", mutates_args=("running_mean", "running_var"))
-def batch_norm_update_running_stats_op(
-    running_mean: torch.Tensor, running_var: torch.Tensor, mean: torch.Tensor, var_unbiased: torch.Tensor,
-    momentum: float,
-) -> None:
-    """running = (1 - momentum) * running + momentum * batch statistic, in place (fp32)."""
-    C = running_mean.numel()
-    update = _kernel(BatchNorm2dUpdateRunningStats, F32, min(1024, next_power_of_2(C)))
-    _run("update_running_stats", [(update, (running_mean, running_var, mean, var_unbiased, C, momentum))])
+class _TrainUpdatingRunningStats(torch.autograd.Function):
+    """The training forward with the running statistics updated in the same op
+    (`nnkernels::batch_norm_train_update`), differentiable in x, weight and bias through
+    `nnkernels::batch_norm_train_backward`. A Function, not `register_autograd`: PyTorch takes autograd
+    formulas only on functional custom operators, and this one mutates its running statistics."""
 
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+        y, mean, rstd = batch_norm_train_update_op(x, weight, bias, running_mean, running_var, momentum, eps)
+        _train_setup(ctx, (x, weight, bias, eps), (y, mean, rstd, None))
+        return y
 
-@batch_norm_update_running_stats_op.register_fake
-def _(running_mean, running_var, mean, var_unbiased, momentum):
-    return None
+    @staticmethod
+    def backward(ctx, dy):
+        dx, dweight, dbias, _ = _train_backward(ctx, dy)
+        return dx, dweight, dbias, None, None, None, None
 
 
 def _check(x, running_mean, running_var, weight, bias, training, momentum, eps):
@@ -471,8 +523,6 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
         return y
     if not training:
         return batch_norm_eval_op(x, running_mean, running_var, weight, bias, float(eps))
-    y, mean, _, var_unbiased = batch_norm_train_op(x, weight, bias, float(eps))
-    if running_mean is not None:
-        batch_norm_update_running_stats_op(running_mean, running_var, mean.detach(), var_unbiased.detach(),
-                                           float(momentum))
-    return y
+    if running_mean is None:
+        return batch_norm_train_op(x, weight, bias, float(eps))[0]
+    return _TrainUpdatingRunningStats.apply(x, weight, bias, running_mean, running_var, float(momentum), float(eps))

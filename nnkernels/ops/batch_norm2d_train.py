@@ -177,7 +177,7 @@ def fused_entry(k, a):
         raise ValueError(f"B*HW: expected more than 1 value per channel when training, got {a.B * a.HW}")
     check_activations(a, ("x", "y", "dy", "dx"))
     check_channel_tensors(a, ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias",
-                              "running_mean", "running_var"), a.C)
+                              "running_mean", "running_var", "new_running_mean", "new_running_var"), a.C)
     if hasattr(a, "eps") and not a.eps >= 0:
         raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
     return (cdiv(a.C, a.CHANNELS),)
@@ -329,8 +329,10 @@ def per_column(values, member):
 
 @triton.jit
 def batch_norm2d_train_forward_fused(
-    x, y, weight, bias, mean, rstd, var_unbiased, B, C, HW, CHANNELS, eps,
+    x, y, weight, bias, mean, rstd, var_unbiased, running_mean, running_var, new_running_mean, new_running_var,
+    B, C, HW, CHANNELS, eps, momentum,
     BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, VECTOR: tl.constexpr,
+    UPDATE_RUNNING: tl.constexpr,
 ):
     """Training forward for channels that fit one tile: one pass over x.
 
@@ -339,6 +341,10 @@ def batch_norm2d_train_forward_fused(
     batch_norm2d_partial_stats, sums segmented by `channel_sums`), writes mean[c],
     rstd[c] = 1/sqrt(var + eps), var_unbiased[c] = var * n/(n - 1) (n = B*HW), and
     y = (x - mean) * (weight[c] * rstd) + bias[c]. Every y is written.
+    With UPDATE_RUNNING, also the running-statistics update of batch_norm2d_update_running_stats:
+        new_running_mean[c] = (1 - momentum) * running_mean[c] + momentum * mean[c]  (var: var_unbiased[c]);
+    new_running_* may be running_* (in place: a program reads its channels before it writes them).
+    Without it the four running pointers are not touched.
     """
     c0, offsets, inside, column_channel, _ = channel_group_tile(B, C, HW, CHANNELS, BLOCK_B, BLOCK_J, VECTOR)
     k = tl.arange(0, BLOCK_C)
@@ -352,9 +358,16 @@ def batch_norm2d_train_forward_fused(
     residual = channel_sums(tl.sum(deviation, axis=0), member)
     m2 = channel_sums(tl.sum(deviation * deviation, axis=0), member) - residual * residual / count
     channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(m2 / count + eps))
-    tl.store(mean + c, rough_mean + residual / count, mask=c_in)
+    batch_mean = rough_mean + residual / count
+    batch_var_unbiased = m2 / (count - 1.0)
+    tl.store(mean + c, batch_mean, mask=c_in)
     tl.store(rstd + c, channel_rstd, mask=c_in)
-    tl.store(var_unbiased + c, m2 / (count - 1.0), mask=c_in)
+    tl.store(var_unbiased + c, batch_var_unbiased, mask=c_in)
+    if UPDATE_RUNNING:
+        old_mean = tl.load(running_mean + c, mask=c_in)
+        old_var = tl.load(running_var + c, mask=c_in)
+        tl.store(new_running_mean + c, (1.0 - momentum) * old_mean + momentum * batch_mean, mask=c_in)
+        tl.store(new_running_var + c, (1.0 - momentum) * old_var + momentum * batch_var_unbiased, mask=c_in)
     scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
     shift = tl.load(bias + c, mask=c_in, other=0.0) - (residual / count) * scale
     yv = deviation * per_column(scale, member)[None, :] + per_column(shift, member)[None, :]
@@ -495,8 +508,8 @@ def batch_norm2d_update_running_stats(
 
 
 _STATS = {n: F32 for n in ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias", "running_mean",
-                           "running_var", "partial_count", "partial_mean", "partial_m2", "partial_sum_dy",
-                           "partial_sum_dy_xmu")}
+                           "running_var", "new_running_mean", "new_running_var", "partial_count", "partial_mean",
+                           "partial_m2", "partial_sum_dy", "partial_sum_dy_xmu")}
 
 BatchNorm2dPartialStats = kernel_object(
     batch_norm2d_partial_stats, entry=partial_stats_entry, example=(8, 256), pointer_dtypes=_STATS)
@@ -507,8 +520,8 @@ BatchNorm2dTrainNormalize = kernel_object(
 # op launches them with the channels per program and num_warps that tuning picks.
 FUSED_HELPERS = (channel_group_tile, channel_sums, per_column)
 BatchNorm2dTrainForwardFused = kernel_object(
-    batch_norm2d_train_forward_fused, entry=fused_entry, example=(4, 32, 256, 4), floats=("eps",),
-    pointer_dtypes=_STATS, num_warps=8, helpers=FUSED_HELPERS)
+    batch_norm2d_train_forward_fused, entry=fused_entry, example=(4, 32, 256, 4, True), floats=("eps", "momentum"),
+    pointer_dtypes=_STATS, num_warps=8, helpers=FUSED_HELPERS, flags=("UPDATE_RUNNING",))
 BatchNorm2dPartialGradSums = kernel_object(
     batch_norm2d_partial_grad_sums, entry=partial_stats_entry, example=(8, 256), pointer_dtypes=_STATS)
 BatchNorm2dTrainBackwardDx = kernel_object(
