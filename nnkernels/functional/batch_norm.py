@@ -497,7 +497,7 @@ def _check(x, running_mean, running_var, weight, bias, training, momentum, eps):
         raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
     if training and x.numel() // max(C, 1) == 1:
         raise ValueError(f"x: Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
-    if min(x.shape[1:], default=1) == 0:
+    if any(size == 0 for size in x.shape[1:]):  # not min(): torch.compile's symbolic sizes take no default=
         raise ValueError(f"x: expected non-empty channels and spatial sizes (the batch may be 0), got {tuple(x.shape)}")
 
 
