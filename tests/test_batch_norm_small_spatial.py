@@ -42,7 +42,8 @@ def _kernels(dtype, B, C, HW, channels):
     plan = batch_norm_plan(B, C, HW, element_size=dtype.itemsize, channels=channels)
     assert plan.fused and plan.channels == channels
     grouped = (plan.block_c, plan.block_b, plan.block_j, plan.vector)
-    train = [BatchNorm2dTrainForwardFused(*grouped, True, dtype=dtype), BatchNorm2dTrainBackwardFused(*grouped, dtype=dtype)]
+    train = [BatchNorm2dTrainForwardFused(*grouped, True, dtype=dtype),  # updating the running statistics
+             BatchNorm2dTrainBackwardFused(*grouped, dtype=dtype)]
     return train + [BatchNorm2dEvalForwardGrouped(*grouped[1:], dtype=dtype),
                    BatchNorm2dEvalBackwardGrouped(*grouped, dtype=dtype)]
 
@@ -138,8 +139,9 @@ def test_launch_refuses_a_vector_that_does_not_divide_the_rows_and_writes_nothin
         assert torch.isnan(out).all()
 
 
-def test_candidates_for_b32_c2048_7x7_are_tiles_of_4k_8k_16k_at_4_and_8_warps():
-    """The heuristic first, then 2, 4, 8 channels per program (rows of 98, 196, 392 elements)."""
+def test_candidates_for_b32_c2048_7x7_are_tiles_of_4k_8k_16k_and_the_training_forward_starts_with_fewer_warps():
+    """The heuristic first, then 2, 4, 8 channels per program (rows of 98, 196, 392 elements); for the
+    training forward 4K and 8K-element tiles at 1 and 2 warps come second."""
     for element_size in (4, 2):
         candidates = bn.grouped_candidates(32, 2048, 49, element_size, heuristic_channels=4)
         assert [(c.block_k, c.num_warps) for c in candidates] == [(4, 8), (2, 4), (8, 8), (4, 4), (2, 8), (8, 4)]
