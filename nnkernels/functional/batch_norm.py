@@ -239,15 +239,12 @@ def _train_forward(x, weight, bias, eps, running=None, momentum=0.0):
         # var_unbiased stand in. While tuning, the updated values go to scratch, so that the running
         # statistics are updated once, by the launch after.
         old = running if running is not None else (mean, var_unbiased)
-        scratch = []
 
         def arguments(channels, new):
             return (x, y, weight, bias, mean, rstd, var_unbiased, *old, *new, B, C, HW, channels, eps, momentum)
 
         def tuning_arguments(channels):
-            if running is not None and not scratch:
-                scratch.extend(torch.empty_like(mean) for _ in range(2))
-            return arguments(channels, scratch or old)
+            return arguments(channels, old if running is None else [torch.empty_like(mean) for _ in range(2)])
 
         _run_grouped("train_forward", BatchNorm2dTrainForwardFused, x, plan, tuning_arguments,
                      more_constants=(running is not None,), final_arguments=lambda channels: arguments(channels, old))
