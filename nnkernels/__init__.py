@@ -8,9 +8,9 @@ from . import nn
 from .functional import avg_pool2d, batch_norm, conv2d
 from .kernel import CompiledKernel, KernelObject, catalogue, compile_all, kernel_object
 from .nn import convert
-from .ops.avg_pool2d import Avgpool2dBackward, Avgpool2dForward
-from .ops.batch_norm2d import BatchNorm2dNchwBackward, BatchNorm2dNchwForwardInference
-from .ops.conv2d import Conv2dBackward, Conv2dForward
+from .ops.avg_pool2d.seed import Avgpool2dBackward, Avgpool2dForward
+from .ops.batch_norm.seed import BatchNorm2dNchwBackward, BatchNorm2dNchwForwardInference
+from .ops.conv2d.seed import Conv2dBackward, Conv2dForward
 
 __all__ = [
     "Avgpool2dBackward",

@@ -533,7 +533,7 @@ def tma_dw_candidates(c_out: int, c_in: int, kh: int, kw: int, batch: int, rows:
     3x3 layers, B32, 2026-12-01; BENCHMARKS.md, sixth session): 128 x 64 tiles of one tap with 3
     programs per SM first (256 and 512 channels: 37 and 43 µs in bf16, 100 and 139 in fp32), then
     rows of taps on 64 x 64 tiles (64 channels: 27 µs in bf16 against 43 for single taps), then
-    128 x 128. fp32 with TF32, now three bf16 products (`ops/tensor_core.py`), ran fastest (H200,
+    128 x 128. fp32 with TF32, now three bf16 products (`ops/common/tensor_core.py`), ran fastest (H200,
     2026-12-01, every candidate) on rows of taps over 64 x 64 tiles at 2 programs per SM (64@56: 86 µs),
     on 128 x 128 tiles (128@28 and 256@14: 84 and 96 µs) and on 128 x 64 tiles at 6 per SM (512@7: 119
     µs; 256@14: 97), so its order starts with those three (fp32 with TF32 off too, not timed so)."""

@@ -5,7 +5,7 @@ issued some steps ahead; an asynchronous wgmma (`warp_group_dot_wait` with pendi
 be reading step i's slot while step i+1 runs. A ring that holds as many copies in flight as it has
 slots refills step i's slot during step i+1: that races with the product. Triton 3.6 and 3.9 build
 such a ring for a tile that feeds both a product and registers (see
-`nnkernels.ops.tensor_core.sums_beside_dot`).
+`nnkernels.ops.common.tensor_core.sums_beside_dot`).
 
 `rings(ttgir)` parses the text; run as a script (`python pipeline_rings.py` with a JSON list of
 [module, class, {constant: value}, dtype, num_warps, num_stages] on stdin), it compiles each kernel

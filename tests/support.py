@@ -9,7 +9,7 @@ DEVICE = "cpu" if INTERPRETED else "cuda"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Relative error (||out - ref|| / ||ref||) allowed per element type.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-12}
-# fp32 products as three bf16 products of split values (`ops/tensor_core.bf16x3_dot`, the TF32 path of
+# fp32 products as three bf16 products of split values (`ops/common/tensor_core.bf16x3_dot`, the TF32 path of
 # kernels whose tiles TF32 tensor cores cannot read): each product within about 3e-5 of its value
 # (2^-16 for the dropped lo*lo, 2^-17 for each rounded lo), 4.5e-6 of the norm over long random sums.
 BF16X3_TOLERANCE = 1e-4

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from nnkernels.kernel import catalogue
-from nnkernels.ops.avg_pool2d_gather import (
+from nnkernels.ops.avg_pool2d.gather import (
     AvgPool2dGatherBackward,
     AvgPool2dGatherForward,
     contiguous_row_align,

@@ -9,13 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from nnkernels import tuning
-from nnkernels.ops.avg_pool2d_gather import LANES_PROGRAMS, lanes_candidates, row_align, uniform_divisor
-from nnkernels.ops.avg_pool2d_lanes import (
-    AvgPool2dLanesBackward,
-    AvgPool2dLanesForward,
-    backward_lanes,
-    forward_lanes,
-)
+from nnkernels.ops.avg_pool2d.gather import LANES_PROGRAMS, lanes_candidates, row_align, uniform_divisor
+from nnkernels.ops.avg_pool2d.lanes import AvgPool2dLanesBackward, AvgPool2dLanesForward, backward_lanes, forward_lanes
 from support import assert_close, poisoned, randn
 
 pool = importlib.import_module("nnkernels.functional.avg_pool2d")

@@ -17,9 +17,9 @@ from nnkernels.cli import main
 from nnkernels.functional.avg_pool2d import avg_pool2d
 from nnkernels.functional.batch_norm import batch_norm
 from nnkernels.functional.conv2d import conv2d
-from nnkernels.ops.avg_pool2d_gather import AvgPool2dGatherForward
-from nnkernels.ops.batch_norm2d_eval import BatchNorm2dEvalForward
-from nnkernels.ops.conv2d_gemm_forward import Conv2dGemmForward
+from nnkernels.ops.avg_pool2d.gather import AvgPool2dGatherForward
+from nnkernels.ops.batch_norm.eval import BatchNorm2dEvalForward
+from nnkernels.ops.conv2d.gemm_forward import Conv2dGemmForward
 
 SENTINEL = 7.0
 OTHER_DEVICE = "meta"  # a device no launch or op accepts beside tensors on DEVICE

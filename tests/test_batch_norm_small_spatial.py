@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nnkernels.ops.batch_norm2d_eval import BatchNorm2dEvalBackwardGrouped, BatchNorm2dEvalForwardGrouped
-from nnkernels.ops.batch_norm2d_train import (
+from nnkernels.ops.batch_norm.eval import BatchNorm2dEvalBackwardGrouped, BatchNorm2dEvalForwardGrouped
+from nnkernels.ops.batch_norm.train import (
     FUSED_MIN_PROGRAMS,
     FUSED_TILE,
     BatchNorm2dTrainBackwardFused,

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from nnkernels import tuning
-from nnkernels.ops.batch_norm2d_train import BatchNorm2dTrainNormalize, batch_norm_plan
+from nnkernels.ops.batch_norm.train import BatchNorm2dTrainNormalize, batch_norm_plan
 from support import DEVICE, DTYPES, assert_close, gpu, poisoned, randn
 
 bn = importlib.import_module("nnkernels.functional.batch_norm")  # the module; the package re-exports the function

@@ -7,8 +7,8 @@ poisoned with NaN before launch; tiles that divide neither the planes' rows and 
 import pytest
 import torch
 
-from nnkernels.ops.conv2d_depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward
-from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce, dw_partial_size
+from nnkernels.ops.conv2d.depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward
+from nnkernels.ops.conv2d.partials import Conv2dDwReduce, dw_partial_size
 from support import DTYPES, assert_close, gpu, poisoned, randn
 
 # (B, C, H, W, KH, KW, stride, pad, dilation, bias)

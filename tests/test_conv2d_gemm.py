@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from nnkernels import tuning
-from nnkernels.ops.conv2d_gemm_channels_last import Conv2dGemmClDw, Conv2dGemmClForward
-from nnkernels.ops.conv2d_gemm_channels_last_dx import Conv2dGemmClDx
-from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw, dw_partial_size
-from nnkernels.ops.conv2d_gemm_dx import Conv2dGemmDx
-from nnkernels.ops.conv2d_gemm_forward import Conv2dGemmForward
+from nnkernels.ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward
+from nnkernels.ops.conv2d.channels_last_dx import Conv2dGemmClDx
+from nnkernels.ops.conv2d.partials import Conv2dDwReduce, dw_partial_size
+from nnkernels.ops.conv2d.gemm_dw import Conv2dGemmDw
+from nnkernels.ops.conv2d.gemm_dx import Conv2dGemmDx
+from nnkernels.ops.conv2d.gemm_forward import Conv2dGemmForward
 from support import DEVICE, DTYPES, TOLERANCE, assert_close, gpu, poisoned, randn
 
 TF32_TOLERANCE = 2e-3

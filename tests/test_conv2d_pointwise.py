@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from support import CONV_TF32_TOLERANCE, DEVICE, DTYPES, assert_close, dtype_id, poisoned, randn
 
-from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce
-from nnkernels.ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw
+from nnkernels.ops.conv2d.partials import Conv2dDwReduce
+from nnkernels.ops.conv2d.pointwise import Conv2dPointwise, Conv2dPointwiseDw
 
 B, C_IN, C_OUT, H, W = 3, 40, 24, 5, 7  # no size a multiple of the 16-wide tiles
 INF, NAN = float("inf"), float("nan")

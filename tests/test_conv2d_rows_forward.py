@@ -7,7 +7,7 @@ both axes; taps are padded to a power of two (KW = 7 -> 8, 5 -> 8, 3 -> 4).
 import pytest
 import torch
 
-from nnkernels.ops.conv2d_rows_forward import Conv2dRowsForward
+from nnkernels.ops.conv2d.rows_forward import Conv2dRowsForward
 from support import CONV_TF32_TOLERANCE, DTYPES, assert_close, dtype_id, gpu, poisoned, randn
 
 # (B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dilation, bias)

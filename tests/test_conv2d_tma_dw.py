@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from nnkernels import tuning
-from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce, dw_partial_size
-from nnkernels.ops.conv2d_tma_dw import Conv2dTmaDw
+from nnkernels.ops.conv2d.partials import Conv2dDwReduce, dw_partial_size
+from nnkernels.ops.conv2d.tma_dw import Conv2dTmaDw
 from support import BF16X3_TOLERANCE, DEVICE, DTYPES, assert_close, dtype_id, poisoned, randn
 
 # (B, C_IN, C_OUT, H, W, KH, KW, pad, dilation, bias)

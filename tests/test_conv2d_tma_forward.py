@@ -8,8 +8,8 @@ padding (the TMA's zero fill stands for it) and running past the input.
 import pytest
 import torch
 
-from nnkernels.ops.conv2d_gemm_dw import Conv2dDwReduce
-from nnkernels.ops.conv2d_tma_forward import Conv2dTmaForward
+from nnkernels.ops.conv2d.partials import Conv2dDwReduce
+from nnkernels.ops.conv2d.tma_forward import Conv2dTmaForward
 from support import DTYPES, TOLERANCE, assert_close, dtype_id, gpu, poisoned, randn
 
 TF32_TOLERANCE = 2e-3  # 10-bit mantissa products (on the GPU; the interpreter multiplies in fp32)

@@ -1,4 +1,4 @@
-"""Winograd F(2x2, 3x3) (`ops/conv2d_winograd*`, `functional/winograd`): each pass against torch's convolution
+"""Winograd F(2x2, 3x3) (`ops/conv2d/winograd_*`, `functional/winograd`): each pass against torch's convolution
 in float64, outputs poisoned with NaN, planes of odd sizes (ragged last tiles) and channel and tile counts that
 fill no block; then `conv2d` with Winograd's configs chosen, forward and backward through autograd.
 """
@@ -13,8 +13,8 @@ from nnkernels import tuning
 from nnkernels.functional import winograd
 from nnkernels.functional.conv2d import conv2d, kernels_for
 from nnkernels.functional.conv2d_plan import Problem
-from nnkernels.ops.conv2d_winograd import Conv2dWinogradInput, Conv2dWinogradOutput, tiles_of
-from nnkernels.ops.conv2d_winograd_products import Conv2dWinogradProducts, products_row_size
+from nnkernels.ops.conv2d.winograd_transforms import Conv2dWinogradInput, Conv2dWinogradOutput, tiles_of
+from nnkernels.ops.conv2d.winograd_products import Conv2dWinogradProducts, products_row_size
 
 # Three products per term keep fp32's accuracy; the transforms add a few roundings per output.
 TOLERANCE = 1e-5

@@ -262,7 +262,7 @@ def test_every_dw_candidate_repeats(name, monkeypatch):
     """Each config tuning may pick for the case's weight gradient (with the bias sums), forced in turn:
     RUNS backward passes, bitwise equal. Tuning picks one config per process, so the case tests above
     see one; a config whose pipelined loop raced (the 1x1 dw's 128 x 128 tiles with bias, Triton 3.6 on
-    the H200: `ops.tensor_core.sums_beside_dot`) passed them whenever tuning chose another."""
+    the H200: `ops.common.tensor_core.sums_beside_dot`) passed them whenever tuning chose another."""
     if INTERPRETED and name != "conv2d-rows-outer-dw-fp32":
         pytest.skip("the interpreter runs one case, as a dry run of the harness; the GPU runs them all")
     case = CASES[name]

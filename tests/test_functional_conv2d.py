@@ -280,7 +280,7 @@ def test_a_remembered_choice_holds_only_for_the_kernel_sources_it_timed(monkeypa
     """A kernel whose source changes (a library upgrade) gets its shapes tuned again: the key of a
     remembered choice changes with any kernel's source, and only with the library's kernels."""
     from nnkernels import kernel
-    from nnkernels.ops.conv2d_pointwise import Conv2dPointwise
+    from nnkernels.ops.conv2d.pointwise import Conv2dPointwise
 
     def key():
         tuning.kernels_fingerprint.cache_clear()

@@ -18,7 +18,7 @@ from support import DEVICE, dtype_id, randn
 import nnkernels
 from nnkernels import tuning
 from nnkernels.functional import winograd
-from nnkernels.ops.conv2d_winograd import tiles_of
+from nnkernels.ops.conv2d.winograd_transforms import tiles_of
 
 MARGIN = 4096  # elements on each side of every allocation
 SENTINEL = 4096.0  # exact in every floating type

@@ -220,7 +220,7 @@ def test_each_launch_runs_the_kernel_compiled_for_its_arguments():
     """After a compiled kernel's first launch, later ones skip Triton's search for it, keyed on what Triton
     specialises on: each pointer's 16-byte alignment and each size's divisibility by 16 or being 1. Launches
     that change one of those in turn (and go back) must each get the right kernel, so the right result."""
-    from nnkernels.ops.layout import ChannelsLastCopy
+    from nnkernels.ops.common.layout import ChannelsLastCopy
 
     kernel = ChannelsLastCopy(16, 16)
     source = randn(2 * 33 * 32 + 1)

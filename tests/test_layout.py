@@ -8,7 +8,7 @@ from support import DEVICE, DTYPES, dtype_id, gpu, poisoned, randn
 
 from nnkernels.kernel import INT32_MAX
 from nnkernels.functional.layout import channels_last, channels_last_pair
-from nnkernels.ops.layout import ChannelsLastCopy, ChannelsLastCopyPair, channels_last_tiles
+from nnkernels.ops.common.layout import ChannelsLastCopy, ChannelsLastCopyPair, channels_last_tiles
 
 
 def reference(t):

@@ -20,11 +20,11 @@ HERE = Path(__file__).parent
 TILES = ((128, 128, 8, 3), (64, 64, 4, 4))
 # class -> its module
 BIAS_SUM_KERNELS = {
-    "Conv2dPointwiseDw": "nnkernels.ops.conv2d_pointwise",
-    "Conv2dGemmDw": "nnkernels.ops.conv2d_gemm_dw",
-    "Conv2dGemmClDw": "nnkernels.ops.conv2d_gemm_channels_last",
-    "Conv2dTmaDw": "nnkernels.ops.conv2d_tma_dw",
-    "Conv2dWinogradProducts": "nnkernels.ops.conv2d_winograd_products",
+    "Conv2dPointwiseDw": "nnkernels.ops.conv2d.pointwise",
+    "Conv2dGemmDw": "nnkernels.ops.conv2d.gemm_dw",
+    "Conv2dGemmClDw": "nnkernels.ops.conv2d.channels_last",
+    "Conv2dTmaDw": "nnkernels.ops.conv2d.tma_dw",
+    "Conv2dWinogradProducts": "nnkernels.ops.conv2d.winograd_products",
 }
 VARIANTS = (("float32", True), ("float32", False), ("bfloat16", True))
 

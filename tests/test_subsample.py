@@ -7,7 +7,7 @@ import torch
 from support import DTYPES, dtype_id, poisoned, randn
 
 from nnkernels.functional.layout import channels_first, subsample, subsample_backward
-from nnkernels.ops.subsample import Subsample2dBackward, Subsample2dForward, subsample_tiles
+from nnkernels.ops.conv2d.subsample import Subsample2dBackward, Subsample2dForward, subsample_tiles
 
 # (N, C, H, W), stride
 CASES = [((2, 3, 7, 9), (2, 2)), ((1, 4, 5, 8), (2, 3)), ((3, 2, 1, 6), (3, 1)), ((2, 5, 4, 4), (1, 1))]

@@ -12,8 +12,8 @@ from support import (CONV_TF32_TOLERANCE, DEVICE, DTYPES, TOLERANCE, assert_clos
                      randn)
 
 from nnkernels.functional.unfold import fold_into, unfold
-from nnkernels.ops.conv2d_pointwise import Conv2dPointwiseFp32Out
-from nnkernels.ops.unfold import Fold2d, Unfold2d
+from nnkernels.ops.conv2d.pointwise import Conv2dPointwiseFp32Out
+from nnkernels.ops.conv2d.unfold import Fold2d, Unfold2d
 
 conv_module = importlib.import_module("nnkernels.functional.conv2d")
 plan_module = importlib.import_module("nnkernels.functional.conv2d_plan")

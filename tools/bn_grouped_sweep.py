@@ -13,7 +13,7 @@ import torch
 
 from nnkernels import tuning
 from nnkernels.bench import harness
-from nnkernels.ops.batch_norm2d_train import batch_norm_plan, grouped_plan
+from nnkernels.ops.batch_norm.train import batch_norm_plan, grouped_plan
 
 bn = importlib.import_module("nnkernels.functional.batch_norm")  # the package re-exports the function
 STEPS = ("eval_backward", "train_backward", "eval_forward", "train_forward")

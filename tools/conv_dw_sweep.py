@@ -15,7 +15,7 @@ from triton.testing import do_bench
 from nnkernels import tuning
 from nnkernels.functional.conv2d_plan import Problem
 from nnkernels.functional.layout import channels_last
-from nnkernels.ops.conv2d_gemm_dw import dw_partial_size
+from nnkernels.ops.conv2d.partials import dw_partial_size
 
 LAYERS = {"64@56": (32, 64, 56), "128@28": (32, 128, 28), "256@14": (32, 256, 14), "512@7": (32, 512, 7)}
 TILE_SETS = [("tma", 128, 64, 8, 3, 1), ("tma", 64, 64, 4, 3, 3), ("tma", 128, 128, 8, 3, 1), ("tma", 64, 64, 8, 3, 1),

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from . import harness
-from ..ops.batch_norm2d import BatchNorm2dNchwBackward, BatchNorm2dNchwForwardInference
-from ..ops.batch_norm2d_train import batch_norm_plan
+from ..ops.batch_norm.seed import BatchNorm2dNchwBackward, BatchNorm2dNchwForwardInference
+from ..ops.batch_norm.train import batch_norm_plan
 
 # The module (the package re-exports the function under the same name).
 bn = importlib.import_module("nnkernels.functional.batch_norm")

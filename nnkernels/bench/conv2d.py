@@ -84,7 +84,7 @@ def _conv_args(layer):
 
 
 def _seed_launchers(layer, x, w, dy):
-    from ..ops.conv2d import Conv2dBackward, Conv2dForward
+    from ..ops.conv2d.seed import Conv2dBackward, Conv2dForward
 
     constants = (layer.kernel, layer.kernel, layer.stride, layer.stride, layer.padding, layer.padding, layer.groups, 64)
     sizes = (layer.batch, layer.c_in, layer.c_out, layer.size, layer.size, layer.out_size, layer.out_size)

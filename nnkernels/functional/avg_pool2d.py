@@ -19,7 +19,7 @@ import torch
 from .. import _mode  # noqa: F401  (first: settles Triton's mode before the kernel modules import triton)
 from .. import tuning
 
-from ..ops.avg_pool2d_gather import (
+from ..ops.avg_pool2d.gather import (
     AvgPool2dGatherBackward,
     AvgPool2dGatherForward,
     contiguous_row_align,
@@ -29,7 +29,7 @@ from ..ops.avg_pool2d_gather import (
     row_align,
     uniform_divisor,
 )
-from ..ops.avg_pool2d_lanes import (
+from ..ops.avg_pool2d.lanes import (
     AvgPool2dLanesBackward,
     AvgPool2dLanesForward,
     backward_lane_widths,

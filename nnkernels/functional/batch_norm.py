@@ -33,14 +33,14 @@ from .. import _mode  # noqa: F401  (first: settles Triton's mode before the ker
 from .. import tuning
 from ..kernel import INTERPRETED
 
-from ..ops.batch_norm2d_eval import (
+from ..ops.batch_norm.eval import (
     BatchNorm2dEvalBackward,
     BatchNorm2dEvalBackwardGrouped,
     BatchNorm2dEvalForward,
     BatchNorm2dEvalForwardGrouped,
     BatchNorm2dSumPartials,
 )
-from ..ops.batch_norm2d_train import (
+from ..ops.batch_norm.train import (
     BatchNorm2dPartialGradSums,
     BatchNorm2dPartialStats,
     BatchNorm2dTrainBackwardDx,
@@ -55,7 +55,7 @@ from ..ops.batch_norm2d_train import (
     fused_channels,
     grouped_plan,
 )
-from ..ops.host_math import next_power_of_2
+from ..ops.common.host_math import next_power_of_2
 
 # The kernel classes this op launches (for `nnkernels list`).
 KERNEL_CLASSES = (

@@ -32,21 +32,27 @@ import torch
 from torch import Tensor
 
 from .. import tuning
-from ..ops.conv2d_gemm_channels_last import Conv2dGemmClDw, Conv2dGemmClForward
-from ..ops.conv2d_gemm_channels_last_dx import Conv2dGemmClDx
-from ..ops.conv2d_depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward
-from ..ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw, dw_partial_size
-from ..ops.conv2d_gemm_dx import Conv2dGemmDx
-from ..ops.conv2d_gemm_forward import Conv2dGemmForward
-from ..ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw, Conv2dPointwiseFp32Out
-from ..ops.conv2d_rows_forward import Conv2dRowsForward
-from ..ops.conv2d_tma_dw import Conv2dTmaDw
-from ..ops.conv2d_tma_forward import Conv2dTmaForward
-from ..ops.conv2d_winograd import Conv2dWinogradDy, Conv2dWinogradInput, Conv2dWinogradOutput, Conv2dWinogradWeight
-from ..ops.conv2d_winograd_products import Conv2dWinogradDwFinish, Conv2dWinogradProducts
-from ..ops.layout import ChannelsLastCopy, ChannelsLastCopyPair
-from ..ops.subsample import Subsample2dBackward, Subsample2dForward
-from ..ops.unfold import Fold2d, Unfold2d
+from ..ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward
+from ..ops.conv2d.channels_last_dx import Conv2dGemmClDx
+from ..ops.conv2d.depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward
+from ..ops.conv2d.partials import Conv2dDwReduce, dw_partial_size
+from ..ops.conv2d.gemm_dw import Conv2dGemmDw
+from ..ops.conv2d.gemm_dx import Conv2dGemmDx
+from ..ops.conv2d.gemm_forward import Conv2dGemmForward
+from ..ops.conv2d.pointwise import Conv2dPointwise, Conv2dPointwiseDw, Conv2dPointwiseFp32Out
+from ..ops.conv2d.rows_forward import Conv2dRowsForward
+from ..ops.conv2d.tma_dw import Conv2dTmaDw
+from ..ops.conv2d.tma_forward import Conv2dTmaForward
+from ..ops.conv2d.winograd_transforms import (
+    Conv2dWinogradDy,
+    Conv2dWinogradInput,
+    Conv2dWinogradOutput,
+    Conv2dWinogradWeight,
+)
+from ..ops.conv2d.winograd_products import Conv2dWinogradDwFinish, Conv2dWinogradProducts
+from ..ops.common.layout import ChannelsLastCopy, ChannelsLastCopyPair
+from ..ops.conv2d.subsample import Subsample2dBackward, Subsample2dForward
+from ..ops.conv2d.unfold import Fold2d, Unfold2d
 from . import winograd
 from .conv2d_plan import ROWS_OUTER_COPY, Problem, output_size
 from .layout import channels_first, channels_last, channels_last_pair, subsample_backward

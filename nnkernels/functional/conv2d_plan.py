@@ -11,16 +11,17 @@ import torch
 
 from .. import tuning
 from ..kernel import INTERPRETED
-from ..ops.conv2d_depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward, gather_columns_fit
-from ..ops.conv2d_gemm_channels_last import Conv2dGemmClDw, Conv2dGemmClForward
-from ..ops.conv2d_gemm_channels_last_dx import Conv2dGemmClDx
-from ..ops.conv2d_gemm_dw import Conv2dDwReduce, Conv2dGemmDw
-from ..ops.conv2d_gemm_dx import Conv2dGemmDx
-from ..ops.conv2d_gemm_forward import Conv2dGemmForward
-from ..ops.conv2d_pointwise import Conv2dPointwise, Conv2dPointwiseDw, Conv2dPointwiseFp32Out
-from ..ops.conv2d_rows_forward import Conv2dRowsForward
-from ..ops.conv2d_tma_dw import Conv2dTmaDw
-from ..ops.conv2d_tma_forward import Conv2dTmaForward
+from ..ops.conv2d.depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward, gather_columns_fit
+from ..ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward
+from ..ops.conv2d.channels_last_dx import Conv2dGemmClDx
+from ..ops.conv2d.partials import Conv2dDwReduce
+from ..ops.conv2d.gemm_dw import Conv2dGemmDw
+from ..ops.conv2d.gemm_dx import Conv2dGemmDx
+from ..ops.conv2d.gemm_forward import Conv2dGemmForward
+from ..ops.conv2d.pointwise import Conv2dPointwise, Conv2dPointwiseDw, Conv2dPointwiseFp32Out
+from ..ops.conv2d.rows_forward import Conv2dRowsForward
+from ..ops.conv2d.tma_dw import Conv2dTmaDw
+from ..ops.conv2d.tma_forward import Conv2dTmaForward
 from . import winograd
 from .layout import channels_last, subsample
 from .unfold import fold_kernel, unfold_kernel
@@ -106,7 +107,7 @@ class Problem:
         self.stride = tuple(stride)
         self.subsampled = self.pointwise and self.stride != (1, 1)
         # With few input channels the implicit GEMM's C_IN tile is mostly padding: the backward runs as
-        # 1x1 products over the C_IN*KH*KW rows of the unfolded input (see ops/unfold.py). The forward
+        # 1x1 products over the C_IN*KH*KW rows of the unfolded input (see ops/conv2d/unfold.py). The forward
         # does not unfold: the implicit GEMM was faster on the H200 (stem, B32: bf16 163 µs against 335,
         # TF32 150 against 406, full fp32 414 against 524).
         self.unfolded = (groups == 1 and self.C_IN <= UNFOLD_MAX_CHANNELS and not self.pointwise

@@ -13,8 +13,8 @@ import logging
 import torch
 
 from ..kernel import DTYPE_NAMES
-from ..ops.layout import channels_last_kernel, channels_last_pair_kernel, channels_last_tiles
-from ..ops.subsample import Subsample2dBackward, Subsample2dForward, subsample_tiles
+from ..ops.common.layout import channels_last_kernel, channels_last_pair_kernel, channels_last_tiles
+from ..ops.conv2d.subsample import Subsample2dBackward, Subsample2dForward, subsample_tiles
 
 _log = logging.getLogger("nnkernels")
 

@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from ..ops.unfold import Fold2d, Unfold2d, fold_tiles, unfold_tiles
+from ..ops.conv2d.unfold import Fold2d, Unfold2d, fold_tiles, unfold_tiles
 
 _log = logging.getLogger("nnkernels")
 

@@ -1,4 +1,4 @@
-"""Winograd F(2x2, 3x3) passes of a 3x3, stride-1, padding-1, one-group convolution (`ops/conv2d_winograd`).
+"""Winograd F(2x2, 3x3) passes of a 3x3, stride-1, padding-1, one-group convolution (`ops/conv2d/winograd_transforms.py`).
 
 `conv2d` offers them to tuning beside its direct kernels for fp32 with TF32 off, where PyTorch's cuDNN runs
 Winograd too (see `conv2d_plan.Problem.winograd`): the forward, dx as the forward of dy with the flipped, transposed
@@ -16,9 +16,15 @@ import os
 import torch
 
 from ..kernel import INTERPRETED
-from ..ops.conv2d_winograd import (POINTS, Conv2dWinogradDy, Conv2dWinogradInput, Conv2dWinogradOutput,
-                                   Conv2dWinogradWeight, tiles_of)
-from ..ops.conv2d_winograd_products import Conv2dWinogradDwFinish, Conv2dWinogradProducts, products_row_size
+from ..ops.conv2d.winograd_transforms import (
+    POINTS,
+    Conv2dWinogradDy,
+    Conv2dWinogradInput,
+    Conv2dWinogradOutput,
+    Conv2dWinogradWeight,
+    tiles_of,
+)
+from ..ops.conv2d.winograd_products import Conv2dWinogradDwFinish, Conv2dWinogradProducts, products_row_size
 
 # (BLOCK_T, BLOCK_C) of the transforms, the fastest of four tiles on the H200 (B32 C128 28x28, fp32,
 # nineteenth session): input to [16, T, C] (32, 32) 24.3 µs, to [16, C, T] (128, 8) 25.9, dy (128, 8) 21.7,

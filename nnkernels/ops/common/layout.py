@@ -12,7 +12,7 @@ import functools
 import triton
 import triton.language as tl
 
-from ..kernel import INT32_MAX, INTERPRETED, kernel_object
+from ...kernel import INT32_MAX, INTERPRETED, kernel_object
 from .checks import check_grid, check_numel
 from .host_math import cdiv, next_power_of_2, power_of_2_at_most
 

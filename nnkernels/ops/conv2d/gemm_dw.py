@@ -11,34 +11,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernel import kernel_object
-from .checks import check_grid, check_numel
-from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
-from .host_math import cdiv
-from .tensor_core import conv_dot
-
-
-def dw_partial_size(c_out, cin_per_group, kh, kw, has_bias):
-    """Elements of one split's row of `partial`: dw's C_OUT*(C_IN/G)*KH*KW, then C_OUT for dbias."""
-    return c_out * cin_per_group * kh * kw + (c_out if has_bias else 0)
-
-
-@triton.jit
-def partial_row_length(N_DW, C_OUT, HAS_BIAS: tl.constexpr):
-    """`dw_partial_size` in a kernel: N_DW weight sums, then C_OUT bias sums when HAS_BIAS."""
-    if HAS_BIAS:
-        return N_DW + C_OUT
-    return N_DW
-
-
-@triton.jit
-def partial_row(partial, split, N_DW, C_OUT, HAS_BIAS: tl.constexpr):
-    """Split `split`'s row of the fp32 partials every split dw kernel writes (`partial_row_length` long)."""
-    return partial + split.to(tl.int64) * partial_row_length(N_DW, C_OUT, HAS_BIAS)
-
-
-# The helpers of a kernel that calls `partial_row` (for its sources and content hash).
-PARTIAL_ROW_HELPERS = (partial_row, partial_row_length)
+from ...kernel import kernel_object
+from ..common.checks import check_grid_3d, check_numel
+from .checks import check_conv_launch
+from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
+from ..common.host_math import cdiv
+from ..common.tensor_core import conv_dot
 
 
 def conv2d_gemm_dw_entry(k, a):
@@ -71,7 +49,7 @@ def conv2d_gemm_dw(
             * x[b, g*(C_IN/G) + c_in_local, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W]
     (x read as 0 outside the image); with HAS_BIAS, the M programs after them write, for their BLOCK_M channels,
         partial[s, C_OUT*(C_IN/G)*KH*KW + c_out] = sum over p of dy[b, c_out, oh, ow]
-    (programs of their own: `ops.tensor_core.sums_beside_dot` says why).
+    (programs of their own: `ops.common.tensor_core.sums_beside_dot` says why).
     Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 sums. Every element of `partial` is written.
     """
     pid_tile = tl.program_id(0)
@@ -134,78 +112,6 @@ def conv2d_gemm_dw(
         tl.store(row + C_OUT * n_total + group * cout_per_group + c_out, dbias, mask=c_out_ok)
 
 
-def conv2d_dw_reduce_entry(k, a):
-    """Grid (cdiv(N_DW / TAPS, BLOCK),) for `Conv2dDwReduce`."""
-    for name, value in (("split_rows", k.split_rows), ("tap_block", k.tap_block)):
-        if value & (value - 1):
-            raise ValueError(f"{name}: expected a power of two, got {value}")
-    if k.tap_block < k.taps:
-        raise ValueError(f"tap_block: expected at least taps = {k.taps}, got {k.tap_block}")
-    if a.N_DW % k.taps:
-        raise ValueError(f"N_DW: expected a multiple of taps = {k.taps}, got {a.N_DW}")
-    positions = a.N_DW // k.taps
-    if k.has_bias and a.C_OUT > positions:
-        raise ValueError(f"C_OUT: expected at most N_DW / taps = {positions} (the programs of dw's positions "
-                         f"also sum dbias), got {a.C_OUT}")
-    row = a.N_DW + (a.C_OUT if k.has_bias else 0)
-    check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(N_DW [+ C_OUT with HAS_BIAS])")
-    check_numel("dw", a.dw, a.N_DW, "N_DW")
-    if k.has_bias:
-        check_numel("dbias", a.dbias, a.C_OUT, "C_OUT")
-    return check_grid(cdiv(positions, k.block))
-
-
-@triton.jit
-def _split_sum(partial, row_len, first_column, rows_of_columns, columns_ok, SPLIT,
-               SPLIT_ROWS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """fp32 sum over s < SPLIT of partial[s, first_column + c] for the [BLOCK_R, BLOCK_C] columns c =
-    rows_of_columns[r] + j (columns_ok masks them): SPLIT_ROWS rows loaded at once (loads in flight
-    together, not one memory latency each), each group summed by the same tree every run and the
-    groups added in split order."""
-    total = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-    split_rows = tl.arange(0, SPLIT_ROWS)
-    columns = first_column + rows_of_columns[:, None] + tl.arange(0, BLOCK_C)[None, :]
-    for first in range(0, SPLIT, SPLIT_ROWS):
-        rows = first + split_rows
-        ok = (rows < SPLIT)[:, None, None] & columns_ok[None, :, :]
-        group = tl.load(partial + rows.to(tl.int64)[:, None, None] * row_len + columns[None, :, :], mask=ok,
-                        other=0.0)
-        total += tl.sum(group, axis=0)
-    return total
-
-
-@triton.jit
-def conv2d_dw_reduce(partial, dw, dbias, SPLIT, N_DW, C_OUT, HAS_BIAS: tl.constexpr, TAPS: tl.constexpr,
-                     TAP_BLOCK: tl.constexpr, SPLIT_ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """Sum of the split partial gradients, in a fixed order; tap-major partials put in dw's order.
-
-    A partial row holds N_DW = TAPS * P values, tap-major (j = tap*P + p; TAPS = KH*KW as the TMA
-    dw writes them, TAPS = 1 for partials already in dw's order), then C_OUT bias sums when HAS_BIAS.
-    Grid: (cdiv(P, BLOCK),). Program i takes the positions p in [i*BLOCK, (i+1)*BLOCK) and writes
-        dw[p*TAPS + tap] = sum over s < SPLIT of partial[s, tap*P + p]   (every tap < TAPS <= TAP_BLOCK)
-    and, when HAS_BIAS, dbias[p] = sum over s of partial[s, N_DW + p] for its p < C_OUT (P >= C_OUT).
-    Sums in fp32, SPLIT_ROWS rows at a time in split order (`_split_sum`: the same order every run),
-    rounded once. dw[p*TAPS + tap] is dw's [C_OUT, C_IN, KH, KW] order: a program's stores are one
-    contiguous run (loads run along p, stores along taps). On the H200 a reduce that stored each
-    tap's values TAPS apart took 18.7 us for ResNet-50's 512-channel bf16 dw in one split, this one
-    10.1 us. Every element of dw (and dbias) is written; dbias is not touched unless HAS_BIAS.
-    """
-    positions = N_DW // TAPS
-    row_len = partial_row_length(N_DW, C_OUT, HAS_BIAS)
-    first = tl.program_id(0) * BLOCK
-    tap = tl.arange(0, TAP_BLOCK)
-    p = first + tl.arange(0, BLOCK)
-    ok = (tap < TAPS)[:, None] & (p < positions)[None, :]
-    total = _split_sum(partial, row_len, first, tap * positions, ok, SPLIT, SPLIT_ROWS, TAP_BLOCK, BLOCK)
-    tl.store(dw + p[None, :] * TAPS + tap[:, None], total.to(dw.dtype.element_ty), mask=ok)
-    if HAS_BIAS:
-        if first < C_OUT:
-            bias_ok = (p < C_OUT)[None, :]
-            bias = _split_sum(partial, row_len, N_DW + first, tl.zeros([1], dtype=tl.int32), bias_ok, SPLIT,
-                              SPLIT_ROWS, 1, BLOCK)
-            tl.store(dbias + p[None, :], bias.to(dbias.dtype.element_ty), mask=bias_ok)
-
-
 Conv2dGemmDw = kernel_object(
     conv2d_gemm_dw,
     helpers=(conv_dot, *PARTIAL_ROW_HELPERS),
@@ -216,14 +122,4 @@ Conv2dGemmDw = kernel_object(
     flags=("HAS_BIAS", "TF32"),
     num_warps=4,
     num_stages=3,
-)
-Conv2dDwReduce = kernel_object(
-    conv2d_dw_reduce,
-    helpers=(_split_sum, partial_row_length),
-    example=(False, 1, 1, 8, 1024),
-    entry=conv2d_dw_reduce_entry,
-    flags=("HAS_BIAS",),
-    pointer_dtypes={"partial": torch.float32},
-    num_warps=4,
-    num_stages=1,
 )

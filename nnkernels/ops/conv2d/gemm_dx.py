@@ -10,10 +10,11 @@ only (one loop over taps x channels, so it pipelines), instead of multiplying by
 import triton
 import triton.language as tl
 
-from ..kernel import kernel_object
-from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
-from .host_math import cdiv
-from .tensor_core import conv_dot
+from ...kernel import kernel_object
+from .checks import check_conv_launch
+from ..common.checks import check_grid_3d
+from ..common.host_math import cdiv
+from ..common.tensor_core import conv_dot
 
 
 def conv2d_gemm_dx_entry(k, a):

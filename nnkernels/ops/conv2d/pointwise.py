@@ -11,12 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernel import kernel_object
-from .checks import check_grid, check_numel
-from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
-from .conv2d_gemm_forward import check_grid_3d
-from .host_math import cdiv
-from .tensor_core import conv_dot, tf32_rounded
+from ...kernel import kernel_object
+from ..common.checks import check_grid, check_grid_3d, check_numel
+from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
+from ..common.host_math import cdiv
+from ..common.tensor_core import conv_dot, tf32_rounded
 
 
 def conv2d_pointwise_fp32_out_entry(k, a):
@@ -238,7 +237,7 @@ def conv2d_pointwise_dw(
     for its BLOCK_M x BLOCK_N tile; with HAS_BIAS, program (M * cdiv(C_IN, BLOCK_N) + m, s) writes
         partial[s, C_OUT*C_IN + c_out] = sum over the same pixels of dy[b, c_out, p]
     for the BLOCK_M channels of tile m. The sums have programs of their own because a product operand
-    summed in registers too gets a racing pipeline (`ops.tensor_core.sums_beside_dot`).
+    summed in registers too gets a racing pipeline (`ops.common.tensor_core.sums_beside_dot`).
     Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 sums; every element of `partial` is
     written. Conv2dDwReduce then adds the slices in order (deterministic).
     """

@@ -10,11 +10,11 @@ one per element, and offsets within an image are int32.
 import triton
 import triton.language as tl
 
-from ..kernel import INT32_MAX, kernel_object
-from .checks import check_grid, check_numel
-from .conv2d_gemm_forward import check_conv_launch
-from .host_math import cdiv
-from .tensor_core import conv_dot, tf32_rounded
+from ...kernel import INT32_MAX, kernel_object
+from ..common.checks import check_grid, check_numel
+from .checks import check_conv_launch
+from ..common.host_math import cdiv
+from ..common.tensor_core import conv_dot, tf32_rounded
 
 
 def conv2d_rows_forward_entry(k, a):

@@ -26,10 +26,10 @@ are the same for every window (UNIFORM or DIVISOR_OVERRIDE), as it sums dy befor
 import triton
 import triton.language as tl
 
-from ..kernel import INT32_MAX, kernel_object
-from .avg_pool2d_gather import pooled_size, row_align, uniform_divisor, window_divisor, window_means
-from .checks import check_grid, check_numel
-from .host_math import cdiv
+from ...kernel import INT32_MAX, kernel_object
+from .gather import pooled_size, row_align, uniform_divisor, window_divisor, window_means
+from ..common.checks import check_grid, check_numel
+from ..common.host_math import cdiv
 
 
 # The widest group `_split_lanes` / `_join_lanes` handle, in lanes and in source elements.

@@ -17,9 +17,9 @@ cover it, so it needs no atomics, no zero-initialisation, and is deterministic.
 import triton
 import triton.language as tl
 
-from ..kernel import INT32_MAX, INTERPRETED, kernel_object
-from .checks import check_grid, check_numel
-from .host_math import cdiv, next_power_of_2
+from ...kernel import INT32_MAX, INTERPRETED, kernel_object
+from ..common.checks import check_grid, check_numel
+from ..common.host_math import cdiv, next_power_of_2
 
 
 def pooled_size(size, kernel, stride, pad, ceil_mode):
@@ -289,7 +289,7 @@ def lanes_candidates(rows, written, widths, first_lanes, itemsize, *, gpu=not IN
     shared accesses and 43 barriers per thread, none with 16-byte groups), and narrower bf16 groups
     take 8-byte loads and 36% more instructions per output. In the interpreter (gpu=False) one
     config: programs as large as the problem, since it pays per program."""
-    from ..tuning import Config  # here, not at the top: tuning imports the ops package, which imports this module
+    from ...tuning import Config  # here, not at the top: tuning imports the ops package, which imports this module
 
     def config(lanes, tile, num_warps):
         return Config(*lanes_tile(rows, cdiv(written, lanes), lanes, tile), lanes, num_warps, 1)

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernel import kernel_object
-from .batch_norm2d_train import (
+from ...kernel import kernel_object
+from .train import (
     FUSED_HELPERS,
     channel_group_tile,
     channel_sums,
@@ -22,7 +22,7 @@ from .batch_norm2d_train import (
     check_split,
     fused_entry,
 )
-from .host_math import cdiv
+from ..common.host_math import cdiv
 
 F32 = torch.float32
 

@@ -11,10 +11,9 @@ element of dx once, along rows.
 import triton
 import triton.language as tl
 
-from ..kernel import INTERPRETED, kernel_object
-from .checks import check_numel
-from .conv2d_gemm_forward import check_grid_3d
-from .host_math import cdiv, next_power_of_2
+from ...kernel import INTERPRETED, kernel_object
+from ..common.checks import check_grid_3d, check_numel
+from ..common.host_math import cdiv, next_power_of_2
 
 # Elements per program: 4096 compiled (32 per thread at 4 warps), 2**16 in the interpreter, whose
 # cost is per program and per operation.

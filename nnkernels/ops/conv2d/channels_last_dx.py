@@ -16,13 +16,13 @@ pixel); the caller transposes it to NCHW.
 import triton
 import triton.language as tl
 
-from ..kernel import kernel_object
-from .checks import check_numel
-from .conv2d_gemm_channels_last import check_image_tiles
-from .conv2d_gemm_dx import phase_taps
-from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
-from .host_math import cdiv
-from .tensor_core import conv_dot
+from ...kernel import kernel_object
+from ..common.checks import check_grid_3d, check_numel
+from .channels_last import check_image_tiles
+from .gemm_dx import phase_taps
+from .checks import check_conv_launch
+from ..common.host_math import cdiv
+from ..common.tensor_core import conv_dot
 
 
 def conv2d_gemm_cl_dx_entry(k, a):

@@ -7,9 +7,9 @@ with atomics (non-deterministic order of fp additions) and needs dx and dw zero-
 import triton
 import triton.language as tl
 
-from ..kernel import kernel_object
-from .checks import check_grid, check_numel, check_output_size
-from .host_math import cdiv
+from ...kernel import kernel_object
+from ..common.checks import check_grid, check_numel, check_output_size
+from ..common.host_math import cdiv
 
 
 def conv2d_entry(k, a):

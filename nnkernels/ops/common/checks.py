@@ -1,5 +1,7 @@
-"""Size checks shared by the kernels' launchers: each names the argument and what was expected."""
-from ..kernel import INT32_MAX
+"""Size and grid checks shared by the kernels' launchers: each names the argument and what was expected."""
+from ...kernel import INT32_MAX
+
+GRID_AXIS_MAX = 65535  # CUDA's limit on grid axes 1 and 2
 
 
 def check_numel(name, tensor, expected, formula):
@@ -25,3 +27,11 @@ def check_grid(num_programs):
     if num_programs > INT32_MAX:
         raise ValueError(f"grid: {num_programs} programs exceed the 2**31 - 1 that one grid axis holds")
     return (num_programs,)
+
+
+def check_grid_3d(axis0, axis1, axis2):
+    """A 3-axis grid; axes 1 and 2 must fit CUDA's 65535."""
+    for name, value in (("grid axis 1", axis1), ("grid axis 2", axis2)):
+        if value > GRID_AXIS_MAX:
+            raise ValueError(f"{name}: {value} programs exceed the {GRID_AXIS_MAX} that CUDA allows")
+    return (check_grid(axis0)[0], axis1, axis2)

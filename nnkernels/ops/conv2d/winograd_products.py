@@ -11,12 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernel import INT32_MAX, kernel_object
-from .checks import check_numel
-from .conv2d_gemm_forward import check_grid_3d
-from .conv2d_winograd import POINTS, load_points
-from .host_math import cdiv
-from .tensor_core import conv_dot, sums_beside_dot
+from ...kernel import INT32_MAX, kernel_object
+from ..common.checks import check_grid_3d, check_numel
+from .winograd_transforms import POINTS, load_points
+from ..common.host_math import cdiv
+from ..common.tensor_core import conv_dot, sums_beside_dot
 
 def products_row_size(m, n, has_bias):
     """fp32 elements of one split's row of `c`: 16 [M, N] products, then M bias sums when `has_bias`."""

@@ -19,10 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernel import INT32_MAX, kernel_object
-from .checks import check_numel
-from .conv2d_gemm_forward import check_grid_3d
-from .host_math import cdiv
+from ...kernel import INT32_MAX, kernel_object
+from ..common.checks import check_grid_3d, check_numel
+from ..common.host_math import cdiv
 
 POINTS = 16  # Winograd points of F(2x2, 3x3): 4x4 per tile
 

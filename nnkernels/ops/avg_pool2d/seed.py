@@ -6,9 +6,9 @@ The backward scatters with atomics and needs dx zero-initialised.
 import triton
 import triton.language as tl
 
-from ..kernel import kernel_object
-from .checks import check_grid, check_numel, check_output_size
-from .host_math import cdiv
+from ...kernel import kernel_object
+from ..common.checks import check_grid, check_numel, check_output_size
+from ..common.host_math import cdiv
 
 
 def avg_pool2d_entry(k, a):

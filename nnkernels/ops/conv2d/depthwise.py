@@ -12,12 +12,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernel import kernel_object
-from .checks import check_numel
-from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
-from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
-from .host_math import cdiv
-from .tiles import zero_tiles
+from ...kernel import kernel_object
+from ..common.checks import check_grid_3d, check_numel
+from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
+from .checks import check_conv_launch
+from ..common.host_math import cdiv
+from ..common.tiles import zero_tiles
 
 
 def _depthwise_sizes(a):

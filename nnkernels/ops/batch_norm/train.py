@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernel import INTERPRETED, kernel_object
-from .checks import check_numel
-from .host_math import cdiv, next_power_of_2
+from ...kernel import INTERPRETED, kernel_object
+from ..common.checks import check_numel
+from ..common.host_math import cdiv, next_power_of_2
 
 F32 = torch.float32
 

@@ -20,10 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernel import INTERPRETED, kernel_object
-from .checks import check_numel, check_output_size
-from .conv2d_gemm_forward import check_grid_3d
-from .host_math import cdiv, next_power_of_2
+from ...kernel import INTERPRETED, kernel_object
+from ..common.checks import check_grid_3d, check_numel, check_output_size
+from ..common.host_math import cdiv, next_power_of_2
 
 # Elements per program compiled: 2048 per tap (unfold: copies, KW taps of a row) and 1024 (fold: fp32 sums
 # of up to KH*KW loads; on the H200 the stem's fold took 128 µs in 2048-element tiles, 1.27 waves of

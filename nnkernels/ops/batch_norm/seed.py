@@ -6,8 +6,8 @@ rstd[c] = 1 / sqrt(running_var[c] + eps), computed in fp32 in both kernels.
 import triton
 import triton.language as tl
 
-from ..kernel import kernel_object
-from .checks import check_numel
+from ...kernel import kernel_object
+from ..common.checks import check_numel
 
 
 def batch_norm_stats_check(a):

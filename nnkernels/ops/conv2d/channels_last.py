@@ -13,12 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernel import kernel_object
-from .checks import check_numel
-from .conv2d_gemm_dw import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
-from .conv2d_gemm_forward import check_conv_launch, check_grid_3d
-from .host_math import cdiv
-from .tensor_core import conv_dot
+from ...kernel import kernel_object
+from ..common.checks import check_grid_3d, check_numel
+from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
+from .checks import check_conv_launch
+from ..common.host_math import cdiv
+from ..common.tensor_core import conv_dot
 
 
 def check_image_tiles(k):
@@ -186,7 +186,7 @@ def conv2d_gemm_cl_dw(
             * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
     (x read as 0 outside the image); with HAS_BIAS, the M programs after them write, for their BLOCK_M
     channels, partial[s, C_OUT*C_IN*KH*KW + c_out] = sum over p of dy[b, oh, ow, c_out] (programs of their
-    own: `ops.tensor_core.sums_beside_dot` says why).
+    own: `ops.common.tensor_core.sums_beside_dot` says why).
     Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 sums; every element of `partial` is written.
     """
     pid_tile = tl.program_id(0)

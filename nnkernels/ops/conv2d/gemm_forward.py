@@ -5,57 +5,15 @@ Per group g the convolution is the matrix product
 with pixel = (b, oh, ow) and X the im2col view of x, which is never built: each K-slice of X is
 gathered from the NCHW tensor as it is needed. Flattening (c_in, kh, kw) into one K axis keeps
 the tensor cores busy when C_IN/G is tiny (the 3-channel stem) as well as when it is large.
-Also home of the launch checks the GEMM convolution kernels share.
 """
 import triton
 import triton.language as tl
 
-from ..kernel import kernel_object
-from .checks import check_grid, check_numel
-from .host_math import cdiv
-from .tensor_core import conv_dot
-
-GRID_AXIS_MAX = 65535  # CUDA's limit on grid axes 1 and 2
-
-
-def check_conv_launch(k, a, groups):
-    """Check the sizes of a convolution launch (with dilation) against its tensors; return C_IN/G, C_OUT/G."""
-    if a.C_IN % groups:
-        raise ValueError(f"C_IN: expected a multiple of the {groups} groups, got {a.C_IN}")
-    if a.C_OUT % groups:
-        raise ValueError(f"C_OUT: expected a multiple of the {groups} groups, got {a.C_OUT}")
-    for out_name, got, size_name, size, kernel, stride, pad, dil in (
-        ("OH", a.OH, "H", a.H, k.kh, k.stride_h, k.pad_h, k.dil_h),
-        ("OW", a.OW, "W", a.W, k.kw, k.stride_w, k.pad_w, k.dil_w),
-    ):
-        span = dil * (kernel - 1) + 1
-        expected = (size + 2 * pad - span) // stride + 1
-        if size + 2 * pad < span or got != expected:
-            raise ValueError(
-                f"{out_name}: expected ({size_name} + 2*pad - dil*(k-1) - 1) // stride + 1 = {expected} "
-                f"(>= 1), got {got}"
-            )
-    x_numel = a.B * a.C_IN * a.H * a.W
-    w_numel = a.C_OUT * (a.C_IN // groups) * k.kh * k.kw
-    y_numel = a.B * a.C_OUT * a.OH * a.OW
-    for names, numel, formula in (
-        (("x", "dx"), x_numel, "B*C_IN*H*W"),
-        (("w",), w_numel, "C_OUT*(C_IN/G)*KH*KW"),
-        (("y", "dy"), y_numel, "B*C_OUT*OH*OW"),
-    ):
-        for name in names:
-            if hasattr(a, name):
-                check_numel(name, getattr(a, name), numel, formula)
-    return a.C_IN // groups, a.C_OUT // groups
-
-
-def check_grid_3d(axis0, axis1, axis2):
-    """A 3-axis grid; axes 1 and 2 must fit CUDA's 65535."""
-    for name, value in (("grid axis 1", axis1), ("grid axis 2", axis2)):
-        if value > GRID_AXIS_MAX:
-            raise ValueError(f"{name}: {value} programs exceed the {GRID_AXIS_MAX} that CUDA allows")
-    return (check_grid(axis0)[0], axis1, axis2)
-
+from ...kernel import kernel_object
+from ..common.checks import check_grid_3d, check_numel
+from .checks import check_conv_launch
+from ..common.host_math import cdiv
+from ..common.tensor_core import conv_dot
 
 def conv2d_gemm_forward_entry(k, a):
     """Grid (pixel tiles, c_out tiles, G) for `Conv2dGemmForward`."""
