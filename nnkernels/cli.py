@@ -15,8 +15,6 @@ from pathlib import Path
 import click
 
 DTYPES = ("fp32", "fp16", "bf16")
-# The functional op modules, by the name `list` shows for them.
-FUNCTIONAL_OPS = ("conv2d", "avg_pool2d", "batch_norm")
 
 _state = {"debug": False}
 
@@ -129,27 +127,13 @@ def compile_command(target, out, dtypes, kernels):
 
 
 def kernel_users() -> dict:
-    """Kernel class -> the functional ops that launch it, read from each op module's globals:
-    the kernel classes it names, and those of the `nnkernels.ops` modules it imports."""
-    from .kernel import KernelObject
+    """Kernel class -> the functional ops that launch it (each op's entry in `nnkernels.functional.common.KERNELS`)."""
+    from .functional.common import KERNELS
 
     users: dict = {}
-    for op in FUNCTIONAL_OPS:
-        try:
-            module = importlib.import_module(f"nnkernels.functional.{op}")
-        except ImportError:
-            continue
-        for value in list(vars(module).values()):
-            found = []
-            if isinstance(value, type) and issubclass(value, KernelObject):
-                found = [value]
-            elif getattr(value, "__name__", "").startswith("nnkernels.ops."):
-                found = [v for v in vars(value).values() if isinstance(v, type) and issubclass(v, KernelObject)
-                         and v.__module__ == value.__name__]
-            for cls in found:
-                users.setdefault(cls, [])
-                if op not in users[cls]:
-                    users[cls].append(op)
+    for op, classes in KERNELS.items():
+        for cls in classes:
+            users.setdefault(cls, []).append(op)
     return users
 
 

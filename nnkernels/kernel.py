@@ -175,7 +175,9 @@ class KernelObject:
         key = f"{self.source}|{self.id}|{sorted(values.items())}|{self.num_warps}|{self.num_stages}"
         self.hash = hashlib.sha256(key.encode()).hexdigest()
         self._compiled: dict[str, CompiledKernel] = {}
-        self._constant_slots = tuple(values.get(name) for name in cls._param_names)
+        # A kernel's launch arguments come before its constants (`kernel_object` checks), so the Triton function's
+        # full argument list is a launch's arguments, then these.
+        self.constants_after_args = tuple(values[name] for name in cls.constant_names)
         # (argument, what it must be: int for an i32, float for an fp32, else a tensor's dtype), made once so that
         # a launch's checks look nothing up
         self._arg_checks = tuple((arg, int if kind == "i32" else float if kind == "fp32" else _TORCH_DTYPES[kind[1:]])
@@ -224,6 +226,11 @@ class KernelObject:
 
     def launch(self, *args):
         """Check `args` (the documented launch arguments, in order), compute the grid and run."""
+        self.checked_launch(args)
+
+    def checked_launch(self, args) -> tuple:
+        """`launch`'s work: (the grid, Triton's compiled kernel that ran, or None where the launch went through
+        Triton's JIT or interpreter). A plan's `Launcher` launches that compiled kernel directly afterwards."""
         cls = type(self)
         if len(args) != len(cls.arg_names):
             raise TypeError(
@@ -251,7 +258,8 @@ class KernelObject:
                 if device is None:
                     device = value.device
                 elif value.device != device:
-                    raise ValueError(f"{arg}: expected a tensor on {device} like {cls.arg_names[0]}, got {value.device}")
+                    raise ValueError(f"{arg}: expected a tensor on {device} like {cls.arg_names[0]}, got "
+                                     f"{value.device}")
                 if not value.is_contiguous():
                     raise ValueError(f"{arg}: expected a contiguous tensor, got strides {tuple(value.stride())}")
         if device.type == "cpu" and not INTERPRETED:
@@ -269,7 +277,7 @@ class KernelObject:
                 # interpreted launches go one at a time.
                 with _FIRST_LAUNCH:
                     cls._runner[grid](*args, **self.constants, num_warps=self.num_warps, num_stages=self.num_stages)
-                return
+                return grid, None
             first = (self.hash, device.index, _specialization(self._arg_checks, args))
             if first in _LAUNCHED:
                 compiled = _LAUNCHED[first]
@@ -277,19 +285,17 @@ class KernelObject:
                     cls._runner[grid](*args, **self.constants, num_warps=self.num_warps, num_stages=self.num_stages)
                 else:
                     _run_compiled(compiled, grid, device.index, self._full_args(args))
-                return
+                return grid, compiled
             # A kernel's first compiled launch compiles it: one thread does, the others wait and reuse it.
             with _FIRST_LAUNCH:
                 compiled = cls._runner[grid](*args, **self.constants, num_warps=self.num_warps,
                                              num_stages=self.num_stages)
                 _LAUNCHED[first] = compiled if _can_run_directly(compiled) else None
+                return grid, _LAUNCHED[first]
 
-    def _full_args(self, args) -> list:
-        """The Triton function's arguments in its parameter order: `args` with the constants between them."""
-        full = list(self._constant_slots)
-        for position, value in zip(type(self)._arg_positions, args):
-            full[position] = value
-        return full
+    def _full_args(self, args) -> tuple:
+        """The Triton function's arguments in its parameter order: `args`, then the constants."""
+        return (*args, *self.constants_after_args)
 
     def compile(self, target: str = "sm_90") -> CompiledKernel:
         """Compile ahead of time for `target` (e.g. "sm_90") with Triton's compiler; needs no GPU.
@@ -378,6 +384,8 @@ def kernel_object(
     params = inspect.signature(fn).parameters
     constant_names = tuple(n for n, p in params.items() if "constexpr" in str(p.annotation))
     arg_names = tuple(n for n in params if n not in constant_names)
+    if tuple(params)[:len(arg_names)] != arg_names:
+        raise ValueError(f"jitted: {fn.__name__}'s launch arguments must all come before its tl.constexpr constants")
     arg_types = OrderedDict()
     for arg in arg_names:
         if arg in floats:
@@ -399,8 +407,6 @@ def kernel_object(
         __doc__=fn.__doc__,
         __module__=fn.__module__,
         _arg_types=arg_types,
-        _param_names=tuple(params),
-        _arg_positions=tuple(list(params).index(arg) for arg in arg_names),
         _entry=staticmethod(entry),
         _flags=frozenset(flags),
         _nonnegative=frozenset(nonnegative),
@@ -409,7 +415,8 @@ def kernel_object(
         _runner=triton.jit(repr=symbol)(fn),
         _compile_fn=JITFunction(fn, repr=symbol),
         _kernel_source="\n\n".join(_body_source(getattr(f, "fn", f)) for f in (fn, *helpers)),
-        _entry_point_source="\n\n".join(_body_source(f) for f in (entry, KernelObject.launch, _specialization,
+        _entry_point_source="\n\n".join(_body_source(f) for f in (entry, KernelObject.launch,
+                                                                    KernelObject.checked_launch, _specialization,
                                                                     _run_compiled)),
     )
     cls = type(class_name, (KernelObject,), attrs)

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .functional.avg_pool2d import avg_pool2d
-from .functional.batch_norm import batch_norm
-from .functional.conv2d import conv2d
+from .functional.pooling import avg_pool2d
+from .functional.batchnorm import batch_norm
+from .functional.conv import conv2d
 from .kernel import INTERPRETED
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -86,13 +86,21 @@ def _conv2d_options(conv: torch.nn.Conv2d) -> tuple:
 
 
 class Conv2d(torch.nn.Conv2d):
-    """`torch.nn.Conv2d` running `nnkernels.functional.conv2d` (only padding_mode='zeros')."""
+    """`torch.nn.Conv2d` running `nnkernels.functional.conv` (only padding_mode='zeros')."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         _conv2d_options(self)
 
     def forward(self, input):
+        padding = _conv2d_options(self)
+        try:
+            return conv2d(input, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
+        except (TypeError, ValueError, RuntimeError):
+            self._check(input)  # the layer's own words for what is wrong, where it can tell
+            raise
+
+    def _check(self, input):
         layer = type(self).__name__
         _check_input(layer, input, (3, 4))
         _check_like(layer, input, "weight", self.weight, same_dtype=not _autocasting(input))
@@ -103,25 +111,22 @@ class Conv2d(torch.nn.Conv2d):
                 f"{layer}: input: expected {self.in_channels} channels (dim -3) for weight of shape "
                 f"{list(self.weight.shape)} and groups={self.groups}, got {channels} (shape {list(input.shape)})"
             )
-        batched = input if input.dim() == 4 else input.unsqueeze(0)
-        padding = _conv2d_options(self)
-        y = conv2d(batched, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
-        return y if input.dim() == 4 else y.squeeze(0)
 
 
 class AvgPool2d(torch.nn.AvgPool2d):
-    """`torch.nn.AvgPool2d` running `nnkernels.functional.avg_pool2d`; pools in the input's dtype."""
+    """`torch.nn.AvgPool2d` running `nnkernels.functional.pooling`; pools in the input's dtype."""
 
     def forward(self, input):
-        _check_input(type(self).__name__, input, (3, 4))
-        batched = input if input.dim() == 4 else input.unsqueeze(0)
-        y = avg_pool2d(batched, self.kernel_size, self.stride, self.padding, self.ceil_mode,
-                       self.count_include_pad, self.divisor_override)
-        return y if input.dim() == 4 else y.squeeze(0)
+        try:
+            return avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                              self.count_include_pad, self.divisor_override)
+        except (TypeError, ValueError, RuntimeError):
+            _check_input(type(self).__name__, input, (3, 4))
+            raise
 
 
 class BatchNorm2d(torch.nn.BatchNorm2d):
-    """`torch.nn.BatchNorm2d` running `nnkernels.functional.batch_norm`.
+    """`torch.nn.BatchNorm2d` running `nnkernels.functional.batchnorm`.
 
     Same semantics as torch's: batch statistics in training (running statistics updated in
     place, cumulative average when momentum is None), running statistics in eval; fp16/bf16
@@ -129,6 +134,24 @@ class BatchNorm2d(torch.nn.BatchNorm2d):
     """
 
     def forward(self, input):
+        if not isinstance(input, torch.Tensor) or input.dim() != 4:
+            self._check(input)
+        # The bookkeeping below is torch.nn.BatchNorm2d's, line for line, so both agree on every step.
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                momentum = 1.0 / float(self.num_batches_tracked)
+        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        track = not self.training or self.track_running_stats
+        try:
+            return batch_norm(input, self.running_mean if track else None, self.running_var if track else None,
+                              self.weight, self.bias, training=use_batch_stats, momentum=momentum, eps=self.eps)
+        except (TypeError, ValueError, RuntimeError):
+            self._check(input)  # the layer's own words for what is wrong, where it can tell
+            raise
+
+    def _check(self, input):
         layer = type(self).__name__
         if isinstance(input, torch.Tensor) and input.dim() != 4:  # torch.nn.BatchNorm2d's error and words
             raise ValueError(f"{layer}: expected 4D input (got {input.dim()}D input)")
@@ -144,24 +167,6 @@ class BatchNorm2d(torch.nn.BatchNorm2d):
                     f"{layer}: input: expected {tensor.numel()} channels (dim 1) like {name}, "
                     f"got {input.shape[1]} (shape {list(input.shape)})"
                 )
-        # The bookkeeping below is torch.nn.BatchNorm2d's, line for line, so both agree on every step.
-        momentum = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:
-                momentum = 1.0 / float(self.num_batches_tracked)
-        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
-        track = not self.training or self.track_running_stats
-        return batch_norm(
-            input,
-            self.running_mean if track else None,
-            self.running_var if track else None,
-            self.weight,
-            self.bias,
-            training=use_batch_stats,
-            momentum=momentum,
-            eps=self.eps,
-        )
 
 
 @dataclass

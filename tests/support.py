@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from nnkernels.kernel import INTERPRETED
+from nnkernels.machine import Machine
 
 # Interpreted processes run the kernels on CPU tensors; compiled ones on the GPU.
 DEVICE = "cpu" if INTERPRETED else "cuda"
@@ -17,6 +18,8 @@ BF16X3_TOLERANCE = 1e-4
 # too where a kernel rounds its operands to TF32 itself (the 1x1 kernels, `tf32_rounded`); 3e-4 to 5e-4 of
 # the norm over random data.
 CONV_TF32_TOLERANCE = 2e-3
+# The machine whose candidate lists the `gpu_lists` fixture gives every op: an H200's 132 SMs, with a TMA unit.
+GPU = Machine(gpu=True, sms=132, tma=True, name="test GPU")
 gpu = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA device")
 
 
@@ -49,3 +52,47 @@ def assert_close(out, ref, dtype=None, tol=None, floor=0.0):
 def dtype_id(dtype) -> str:
     """Readable test ids: fp32, fp16, bf16."""
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+
+
+def force_choice(monkeypatch, index, offered=None):
+    """Every op's tuning answers with candidate `index` of its list (the last one where the list is shorter), on
+    plans built afresh; `offered`, a dict, collects each kind's list."""
+    from nnkernels import tuning
+    from nnkernels.functional import clear_plans
+
+    def pick(kind, key, candidates, run, decode):
+        listed = candidates()
+        if offered is not None:
+            offered[kind] = listed
+        return listed[min(index, len(listed) - 1)]
+
+    monkeypatch.setattr(tuning, "choose", pick)
+    clear_plans()
+
+
+def allocations_by_the_ops(monkeypatch, allocate):
+    """Route the allocations nnkernels' functional ops make with `torch.empty`, `torch.empty_like` and
+    `Tensor.new_empty` through `allocate(shape, dtype, device)` (only theirs: Triton's interpreter allocates
+    through the same functions for its own bookkeeping)."""
+    import sys
+
+    def by_the_ops(original, shape_of):
+        def allocation(*args, **kwargs):
+            if not sys._getframe(1).f_globals.get("__name__", "").startswith("nnkernels.functional"):
+                return original(*args, **kwargs)
+            shape, dtype, device = shape_of(*args, **kwargs)
+            return allocate(shape, dtype or torch.get_default_dtype(), device)
+        return allocation
+
+    def empty(*size, dtype=None, device=None, **_ignored):
+        if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+            size = tuple(size[0])
+        return tuple(size), dtype, device
+
+    monkeypatch.setattr(torch, "empty", by_the_ops(torch.empty, empty))
+    monkeypatch.setattr(torch, "empty_like", by_the_ops(
+        torch.empty_like, lambda t, *, dtype=None, device=None, **_: (tuple(t.shape), dtype or t.dtype,
+                                                                       device or t.device)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", by_the_ops(
+        torch.Tensor.new_empty, lambda t, *size, dtype=None, device=None, **_: (
+            empty(*size)[0], dtype or t.dtype, device or t.device)))

@@ -11,12 +11,12 @@ from nnkernels.ops.avg_pool2d.gather import (
     AvgPool2dGatherForward,
     contiguous_row_align,
     pooled_size,
-    pooling_blocks,
-    pooling_config,
     row_align,
     uniform_divisor,
 )
-from support import DEVICE, DTYPES, assert_close, gpu, poisoned, randn
+from nnkernels.functional.pooling_algorithms import gather_config, pooling_blocks
+from nnkernels.machine import INTERPRETER
+from support import DEVICE, DTYPES, GPU, assert_close, gpu, poisoned, randn
 
 # (B, C, H, W, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
 CASES = [
@@ -42,7 +42,7 @@ def _kernels(cls, x_shape, y_shape, kernel, stride, padding, cip, divisor, dtype
     rows, cols = (x_shape[0] * x_shape[1] * H, W) if backward else (x_shape[0] * x_shape[1] * OH, OW)
     x_align = () if backward else (contiguous_row_align(options, W, OW),)
     return cls(*kernel, *stride, *padding, cip, divisor or 0, uniform, row_align(cols), *x_align,
-               *pooling_blocks(rows, cols), dtype=dtype)
+               *pooling_blocks(rows, cols, INTERPRETER if DEVICE == "cpu" else GPU), dtype=dtype)
 
 
 # Every case in fp32; the element types only change loads and stores, so two cases cover fp16/bf16.
@@ -124,9 +124,9 @@ def test_suite_shape_on_gpu_is_deterministic_and_correct(dtype):
     """k3 s1 p1 on B8 C64 56x56 (overlapping windows): bitwise equal twice, and equal to PyTorch."""
     x = torch.randn(8, 64, 56, 56, device=DEVICE, dtype=dtype)
     dy = torch.randn(8, 64, 56, 56, device=DEVICE, dtype=dtype)
-    block_r, block_w, num_warps = pooling_config(8 * 64 * 56, 56, 9)
-    kernel = AvgPool2dGatherBackward(3, 3, 1, 1, 1, 1, True, 0, True, row_align(56), block_r, block_w, dtype=dtype,
-                                     num_warps=num_warps)
+    config = gather_config(8 * 64 * 56, 56, 9, GPU)
+    kernel = AvgPool2dGatherBackward(3, 3, 1, 1, 1, 1, True, 0, True, row_align(56), config.block_r, config.block_w,
+                                     dtype=dtype, num_warps=config.num_warps)
     first, second = poisoned(*x.shape, dtype=dtype), poisoned(*x.shape, dtype=dtype)
     kernel.launch(dy, first, 8 * 64, 56, 56, 56, 56)
     kernel.launch(dy, second, 8 * 64, 56, 56, 56, 56)

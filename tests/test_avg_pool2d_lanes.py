@@ -1,19 +1,17 @@
 """The lanes avg-pool kernels (vector row loads, lanes split in registers) against
 torch.nn.functional.avg_pool2d in float64, and the launcher's choice between them and the gather kernels."""
-import functools
-import importlib
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from nnkernels import tuning
-from nnkernels.ops.avg_pool2d.gather import LANES_PROGRAMS, lanes_candidates, row_align, uniform_divisor
+from nnkernels.functional import avg_pool2d, last_kernels
+from nnkernels.functional.pooling_algorithms import LANES_PROGRAMS
+from nnkernels.ops.avg_pool2d.gather import row_align, uniform_divisor
 from nnkernels.ops.avg_pool2d.lanes import AvgPool2dLanesBackward, AvgPool2dLanesForward, backward_lanes, forward_lanes
-from support import assert_close, poisoned, randn
+from support import assert_close, force_choice, poisoned, randn
 
-pool = importlib.import_module("nnkernels.functional.avg_pool2d")
 
 # (B, C, H, W, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, backward path):
 # the backward path is "vec" (dy rows vector-loaded), "scalar" (dy rows of a length SRC does not
@@ -113,16 +111,16 @@ def test_launcher_picks_lanes_where_they_apply_and_gather_elsewhere(dtype):
         ((3, 1, 1), {"count_include_pad": False}, "lanes", "gather"),  # dx divisor varies per window
         ((3, 3), {}, "gather", "gather"),  # stride 3: no group of a power of two holds whole windows
     ):
-        y, ref = pool.avg_pool2d(x, *args, **kwargs), F.avg_pool2d(x64, *args, **kwargs)
+        y, ref = avg_pool2d(x, *args, **kwargs), F.avg_pool2d(x64, *args, **kwargs)
         assert_close(y, ref, dtype)
         dy = randn(*ref.shape, dtype=dtype)
         x.grad = x64.grad = None
         y.backward(dy)
         ref.backward(dy.double())
         assert_close(x.grad, x64.grad, dtype)
-        kernels = pool.last_kernels()
-        assert kernels["forward"].startswith(f"avg_pool2d_{forward}_forward")
-        assert kernels["backward"].startswith(f"avg_pool2d_{backward}_backward")
+        kernels = last_kernels("avg_pool2d")
+        assert kernels["forward"][0].startswith(f"avg_pool2d_{forward}_forward")
+        assert kernels["backward"][0].startswith(f"avg_pool2d_{backward}_backward")
 
 
 # (shape, kernel, stride, padding, divisor_override): the suite's three windows at small sizes (odd
@@ -132,12 +130,11 @@ TUNED_CASES = [((2, 3, 12, 32), 3, 1, 1, None), ((1, 3, 28, 28), 3, 2, 0, None),
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", TUNED_CASES, ids=["k3s1p1", "k3s2", "k2s2-override"])
-def test_every_tuning_candidate_is_correct(case, dtype, monkeypatch):
+def test_every_tuning_candidate_is_correct(case, dtype, monkeypatch, gpu_lists):
     """Tuning picks among the GPU's candidate configs by timing, so every one must be right:
     `tuning.choose` is forced to return candidate i of the GPU's list (program sizes, warps, and
     the other lane width), forward and backward against float64."""
     shape, kernel, stride, padding, divisor = case
-    monkeypatch.setattr(pool, "lanes_candidates", functools.partial(lanes_candidates, gpu=True))
     x = randn(*shape, dtype=dtype).requires_grad_()
     x64 = x.detach().double().requires_grad_()
     ref = F.avg_pool2d(x64, kernel, stride, padding, divisor_override=divisor)
@@ -145,13 +142,9 @@ def test_every_tuning_candidate_is_correct(case, dtype, monkeypatch):
     ref.backward(dy.double())
     offered = {}
     for index in range(max(map(len, LANES_PROGRAMS.values())) + 1):  # every program size, and the other width
-        def pick(kind, key, candidates, run, i=index):
-            offered[kind] = listed = candidates()
-            return listed[min(i, len(listed) - 1)]
-
-        monkeypatch.setattr(tuning, "choose", pick)
+        force_choice(monkeypatch, index, offered)
         x.grad = None
-        y = pool.avg_pool2d(x, kernel, stride, padding, divisor_override=divisor)
+        y = avg_pool2d(x, kernel, stride, padding, divisor_override=divisor)
         y.backward(dy)
         for name, ours, expected in (("y", y, ref), ("dx", x.grad, x64.grad)):
             try:
@@ -161,4 +154,4 @@ def test_every_tuning_candidate_is_correct(case, dtype, monkeypatch):
     assert set(offered) == {"avg_pool2d_lanes_forward", "avg_pool2d_lanes_backward"}
     for kind, candidates in offered.items():
         assert len(candidates) >= 3, (kind, candidates)  # tiny shapes: bigger programs clamp to the same tile
-        assert len({c.block_k for c in candidates}) == 2, f"{kind}: expected two lane widths, got {candidates}"
+        assert len({c.lanes for c in candidates}) == 2, f"{kind}: expected two lane widths, got {candidates}"

@@ -3,26 +3,18 @@
 against torch.nn.functional.batch_norm in float64, on poisoned outputs; and every config that tuning
 may pick for them (`grouped_candidates`)."""
 import functools
-import importlib
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from nnkernels import machine, tuning
+from nnkernels.functional import batch_norm, clear_plans, last_kernels
+from nnkernels.functional import batchnorm_algorithms as algorithms
+from nnkernels.machine import Machine
 from nnkernels.ops.batch_norm.eval import BatchNorm2dEvalBackwardGrouped, BatchNorm2dEvalForwardGrouped
-from nnkernels.ops.batch_norm.train import (
-    FUSED_MIN_PROGRAMS,
-    FUSED_TILE,
-    BatchNorm2dTrainBackwardFused,
-    BatchNorm2dTrainForwardFused,
-    fused_channels,
-    batch_norm_plan,
-    group_vector,
-)
-from nnkernels import tuning
-from support import DTYPES, INTERPRETED, assert_close, dtype_id, poisoned, randn
-
-bn = importlib.import_module("nnkernels.functional.batch_norm")  # the module; the package re-exports the function
+from nnkernels.ops.batch_norm.train import BatchNorm2dTrainBackwardFused, BatchNorm2dTrainForwardFused
+from support import DTYPES, GPU, INTERPRETED, assert_close, dtype_id, poisoned, randn
 
 STATS_TOL = 2e-5  # fp32 per-channel results, as in test_batch_norm_train
 
@@ -31,15 +23,18 @@ def test_plan_for_b32_c2048_7x7_loads_aligned_rows_of_several_channels():
     """The GPU plan of the benchmark's 7x7 layer: 4 channels (196 contiguous elements per image, 16-byte
     aligned in fp32, 8-byte in bf16) per program, 512 programs of one [32, 256] tile."""
     for element_size, vector in ((4, 4), (2, 4)):
-        channels = fused_channels(32, 2048, 49, element_size, FUSED_TILE, FUSED_MIN_PROGRAMS)
+        channels = algorithms.fused_channels(32, 2048, 49, element_size, algorithms.GROUPED_TILE,
+                                             algorithms.GROUPED_PROGRAMS_PER_SM * GPU.sms)
         assert channels == 4
-        assert group_vector(2048, 49, channels, element_size) == vector
+        assert algorithms.group_vector(2048, 49, channels, element_size) == vector
+        assert algorithms.tile_plan(32, 2048, 49, GPU, element_size=element_size).channels == 4
     # 7 channels per program would use more lanes (343 of 512) but only 4-byte rows: 4 wins.
-    assert group_vector(2048, 49, 7, 4) == 1
+    assert algorithms.group_vector(2048, 49, 7, 4) == 1
 
 
 def _kernels(dtype, B, C, HW, channels):
-    plan = batch_norm_plan(B, C, HW, element_size=dtype.itemsize, channels=channels)
+    plan = algorithms.tile_plan(B, C, HW, GPU if not INTERPRETED else machine.INTERPRETER,
+                                element_size=dtype.itemsize, channels=channels)
     assert plan.fused and plan.channels == channels
     grouped = (plan.block_c, plan.block_b, plan.block_j, plan.vector)
     train = [BatchNorm2dTrainForwardFused(*grouped, True, dtype=dtype),  # updating the running statistics
@@ -103,7 +98,7 @@ def test_fused_kernels_match_float64(dtype, shape):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_functional_training_updates_running_stats_like_pytorch(dtype, monkeypatch):
     """nnkernels.batch_norm with 4 channels per program over C = 10 (the last program holds 2), 7x7."""
-    monkeypatch.setattr(bn, "batch_norm_plan", functools.partial(batch_norm_plan, channels=4))
+    monkeypatch.setattr(algorithms, "tile_plan", functools.partial(algorithms.tile_plan, channels=4))
     B, C, H, W = 2, 10, 7, 7
     x = (randn(B, C, H, W) - 1).to(dtype).requires_grad_()
     weight, bias = randn(C).requires_grad_(), randn(C).requires_grad_()
@@ -111,11 +106,13 @@ def test_functional_training_updates_running_stats_like_pytorch(dtype, monkeypat
     running_mean, running_var = randn(C), randn(C).abs() + 0.5
     ref_mean, ref_var = running_mean.double(), running_var.double()
     leaves64 = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
-    y = bn.batch_norm(x, running_mean, running_var, weight, bias, training=True, momentum=0.3)
+    y = batch_norm(x, running_mean, running_var, weight, bias, training=True, momentum=0.3)
     y.backward(dy)
     y64 = F.batch_norm(leaves64[0], ref_mean, ref_var, *leaves64[1:], training=True, momentum=0.3)
     y64.backward(dy.double())
-    assert "fused" in " ".join(bn.last_kernels()["train_forward"] + bn.last_kernels()["train_backward"])
+    launched = last_kernels("batch_norm")
+    assert all("fused" in ids[0] and "__4__" in ids[0] for ids in (launched["train_forward_update"],
+                                                                  launched["train_backward"]))
     assert_close(y, y64, dtype)
     assert_close(running_mean, ref_mean, tol=STATS_TOL)
     assert_close(running_var, ref_var, tol=STATS_TOL)
@@ -143,18 +140,19 @@ def test_candidates_for_b32_c2048_7x7_are_tiles_of_4k_8k_16k_and_the_training_fo
     """The heuristic first, then 2, 4, 8 channels per program (rows of 98, 196, 392 elements); for the
     training forward 4K and 8K-element tiles at 1 and 2 warps come second."""
     for element_size in (4, 2):
-        candidates = bn.grouped_candidates(32, 2048, 49, element_size, heuristic_channels=4)
-        assert [(c.block_k, c.num_warps) for c in candidates] == [(4, 8), (2, 4), (8, 8), (4, 4), (2, 8), (8, 4)]
-        assert [(c.block_m, c.block_n) for c in candidates[:3]] == [(32, 256), (32, 128), (32, 512)]
-        forward = bn.grouped_candidates(32, 2048, 49, element_size, heuristic_channels=4, step="train_forward")
-        assert [(c.block_k, c.num_warps) for c in forward] == [(4, 8), (2, 1), (4, 2), (2, 4), (8, 8), (4, 4)]
+        candidates = algorithms.grouped_candidates(32, 2048, 49, element_size, GPU)
+        assert [(c.channels, c.num_warps) for c in candidates] == [(4, 8), (2, 4), (8, 8), (4, 4), (2, 8), (8, 4)]
+        assert [(c.block_b, c.block_j) for c in candidates[:3]] == [(32, 256), (32, 128), (32, 512)]
+        forward = algorithms.grouped_candidates(32, 2048, 49, element_size, GPU, step="train_forward")
+        assert [(c.channels, c.num_warps) for c in forward] == [(4, 8), (2, 1), (4, 2), (2, 4), (8, 8), (4, 4)]
     for B, C, HW in ((32, 512, 49), (32, 1024, 196), (8, 512, 16), (3, 7, 15)):
         for step in ("train_forward", "eval_backward"):
-            candidates = bn.grouped_candidates(B, C, HW, 4, heuristic_channels=1, step=step)
-            assert 1 <= len(candidates) <= bn.MOST_GROUPED_CANDIDATES == 6
+            candidates = algorithms.grouped_candidates(B, C, HW, 4, GPU, step=step)
+            assert 1 <= len(candidates) <= algorithms.MOST_GROUPED_CANDIDATES == 6
             assert len(set(candidates)) == len(candidates)
-            assert all(c.block_m >= B and c.block_n >= c.block_k * HW for c in candidates)
-            assert all(c.block_m * c.block_n <= 32 * c.num_warps * bn.MOST_ELEMENTS_PER_THREAD for c in candidates)
+            assert all(c.block_b >= B and c.block_j >= c.channels * HW for c in candidates)
+            assert all(c.block_b * c.block_j <= 32 * c.num_warps * algorithms.MOST_ELEMENTS_PER_THREAD
+                       for c in candidates)
 
 
 # (B, C, H, W, tile shapes, min programs): on the CPU, tiles scaled down so that a tiny shape gets 2, 4 and 8
@@ -162,7 +160,7 @@ def test_candidates_for_b32_c2048_7x7_are_tiles_of_4k_8k_16k_and_the_training_fo
 # heuristic (all channels in one program); on the GPU the library's own shapes, the training forward's
 # first, over 36 channels of 7x7, for every step.
 CPU_CASE = (3, 10, 2, 3, ((96, 8), (48, 4), (192, 8), (96, 4), (48, 8), (192, 4), (24, 4)), 1)
-GPU_CASE = (32, 36, 7, 7, bn.GROUPED_FORWARD_SHAPES + bn.GROUPED_SHAPES, 1)
+GPU_CASE = (32, 36, 7, 7, algorithms.GROUPED_FORWARD_SHAPES + algorithms.GROUPED_SHAPES, 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
@@ -173,8 +171,11 @@ def test_every_candidate_config_is_correct_and_leaves_running_stats_updated_once
     shape and dtype."""
     B, C, H, W, shapes, min_programs = CPU_CASE if INTERPRETED else GPU_CASE
     HW = H * W
-    monkeypatch.setattr(bn, "grouped_candidates",
-                        functools.partial(bn.grouped_candidates, shapes=shapes, min_programs=min_programs))
+    # The GPU's candidate lists, on a machine of `min_programs` SMs, with the tile shapes above for every step.
+    tested = Machine(gpu=True, sms=min_programs, tma=True, name="test GPU")
+    monkeypatch.setattr(machine, "machine_of", lambda device: tested)
+    monkeypatch.setattr(algorithms, "GROUPED_SHAPES", shapes)
+    monkeypatch.setattr(algorithms, "GROUPED_FORWARD_SHAPES", ())
     x = (randn(B, C, H, W) * 2 + 3).to(dtype).requires_grad_()
     weight, bias = randn(C).requires_grad_(), randn(C).requires_grad_()
     dy = randn(B, C, H, W, dtype=dtype)
@@ -186,11 +187,11 @@ def test_every_candidate_config_is_correct_and_leaves_running_stats_updated_once
         y64 = F.batch_norm(leaves64[0], *stats64, *leaves64[1:], training=training, momentum=0.3)
         y64.backward(dy.double())
         references[training] = (y64, *(t.grad for t in leaves64), *stats64)
-    first = bn.grouped_candidates(B, C, HW, dtype.itemsize, bn._plan(x).channels)
-    assert len({c.block_k for c in first}) >= 4, first
+    first = algorithms.grouped_candidates(B, C, HW, dtype.itemsize, tested)
+    assert len({c.channels for c in first}) >= 4, first
     seen = {}
     for index in range(len(first)):
-        def pick(kind, key, candidates, run, i=index):
+        def pick(kind, key, candidates, run, decode, i=index):
             listed = candidates()
             assert listed == first
             seen[kind] = key
@@ -198,11 +199,12 @@ def test_every_candidate_config_is_correct_and_leaves_running_stats_updated_once
             return listed[i]
 
         monkeypatch.setattr(tuning, "choose", pick)
+        clear_plans()
         for training in (True, False):
             for t in (x, weight, bias):
                 t.grad = None
             running_mean, running_var = (t.clone() for t in stats)
-            y = bn.batch_norm(x, running_mean, running_var, weight, bias, training=training, momentum=0.3)
+            y = batch_norm(x, running_mean, running_var, weight, bias, training=training, momentum=0.3)
             y.backward(dy)
             y64, dx64, dweight64, dbias64, mean64, var64 = references[training]
             mode = "train" if training else "eval"
@@ -215,8 +217,8 @@ def test_every_candidate_config_is_correct_and_leaves_running_stats_updated_once
                 except AssertionError as error:
                     raise AssertionError(f"candidate {index} {first[index]}, {mode} {name}: {error}") from None
             chosen = first[index]
-            for step in (f"{mode}_forward", f"{mode}_backward"):
-                (launched,) = bn.last_kernels()[step]
-                assert f"__{chosen.block_m}__{chosen.block_n}__" in launched and f"__w{chosen.num_warps}__" in launched
+            for step in ("train_forward_update" if training else "eval_forward", f"{mode}_backward"):
+                (launched,) = last_kernels("batch_norm")[step]
+                assert f"__{chosen.block_b}__{chosen.block_j}__" in launched and f"__w{chosen.num_warps}__" in launched
     steps = ("train_forward", "train_backward", "eval_forward", "eval_backward")
     assert seen == {f"batch_norm_{step}_grouped": (B, C, HW, str(dtype)) for step in steps}

@@ -8,10 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from nnkernels import tuning
-from nnkernels.ops.batch_norm.train import BatchNorm2dTrainNormalize, batch_norm_plan
-from support import DEVICE, DTYPES, assert_close, gpu, poisoned, randn
+from nnkernels.functional import batchnorm_algorithms as algorithms
+from nnkernels.functional import clear_plans, last_kernels
+from nnkernels.ops.batch_norm.train import BatchNorm2dTrainNormalize
+from support import DEVICE, DTYPES, GPU, assert_close, gpu, poisoned, randn
 
-bn = importlib.import_module("nnkernels.functional.batch_norm")  # the module; the package re-exports the function
+bn = importlib.import_module("nnkernels.functional.batchnorm")  # the module; the package re-exports the function
 
 # Relative tolerance of the fp32 per-channel results (dweight, dbias, statistics) from any input dtype.
 STATS_TOL = 2e-5
@@ -21,9 +23,11 @@ def _use_plan(kind, monkeypatch):
     """The functional module's plan: its own (fused on tiny shapes) or one cutting channels into chunks
     (the training passes take their tile and programs from `split_candidates`)."""
     if kind == "split":
-        monkeypatch.setattr(bn, "batch_norm_plan", functools.partial(batch_norm_plan, tile=16, programs=9,
-                                                                     fused_limit=0))
-        monkeypatch.setattr(bn, "split_candidates", lambda step: [tuning.Config(16, 9, 1, 4)])
+        monkeypatch.setattr(algorithms, "fits_one_tile", lambda *args, **options: False)
+        monkeypatch.setattr(algorithms, "tile_plan", functools.partial(algorithms.tile_plan, tile=16, programs=9,
+                                                                       fused_limit=0))
+        monkeypatch.setattr(algorithms, "split_candidates", lambda step, machine: [algorithms.SplitConfig(16, 9, 4)])
+        clear_plans()
 
 
 @pytest.fixture(params=["fused", "split"])
@@ -68,7 +72,7 @@ def test_forward_and_backward_match_pytorch(plan, dtype, training, monkeypatch):
     assert_close(dx, dx64, dtype)
     assert_close(dweight, dw64, tol=STATS_TOL)
     assert_close(dbias, db64, tol=STATS_TOL)
-    launched = " ".join(bn.last_kernels()[f"{step}_forward"] + bn.last_kernels()[f"{step}_backward"])
+    launched = " ".join(last_kernels("batch_norm")[f"{step}_forward"] + last_kernels("batch_norm")[f"{step}_backward"])
     if step == "train":
         assert ("fused" in launched) == (plan == "fused")
     else:
@@ -106,7 +110,7 @@ def test_normalize_launch_checks_sizes_and_writes_nothing():
 def test_split_kernels_on_gpu_are_deterministic_and_correct(dtype):
     """B16 C8 56x56 takes the split kernels with many chunks: bitwise equal twice, and right."""
     B, C, H, W = 16, 8, 56, 56
-    assert not batch_norm_plan(B, C, H * W).fused
+    assert not algorithms.tile_plan(B, C, H * W, GPU).fused
     x = torch.randn(B, C, H, W, device=DEVICE).to(dtype) + 2
     dy = torch.randn(B, C, H, W, device=DEVICE).to(dtype)
     weight, bias = torch.randn(C, device=DEVICE), torch.randn(C, device=DEVICE)
@@ -127,30 +131,30 @@ def test_split_kernels_on_gpu_are_deterministic_and_correct(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d).replace("torch.", ""))
-def test_every_split_candidate_is_correct(dtype, monkeypatch):
+def test_every_split_candidate_is_correct(dtype, monkeypatch, gpu_lists):
     """tuning.choose forced to pick candidate i of the GPU's split training candidates, after running
     candidate i+1 (as tuning runs several on the same outputs): y, the statistics, dx, dweight and dbias
     against float64. The shape is cut into tiles of 2 to 8 images, so the candidates launch different kernels
     (some only differ in programs, which these few tiles do not fill)."""
-    monkeypatch.setattr(bn, "batch_norm_plan", functools.partial(batch_norm_plan, fused_limit=0))
-    monkeypatch.setattr(bn, "split_candidates", functools.partial(bn.split_candidates, gpu=True))
+    monkeypatch.setattr(algorithms, "fits_one_tile", lambda *args, **options: False)
     B, C, H, W = 16, 3, 32, 32
     x = (randn(B, C, H, W) * 2 + 3).to(dtype)
     weight, bias, dy = randn(C), randn(C), randn(B, C, H, W, dtype=dtype)
     zeros, ones = torch.zeros(C, device=DEVICE), torch.ones(C, device=DEVICE)
     y64, dx64, dw64, db64 = _reference(x, weight, bias, dy, True, zeros, ones)
     for step in ("train_forward", "train_backward"):
-        candidates = bn.split_candidates(step)
+        candidates = algorithms.split_candidates(step, GPU)
         assert len(set(candidates)) == len(candidates) >= 4
     launched = set()
-    for index in range(max(len(shapes) for shapes in bn.SPLIT_SHAPES.values())):
-        def pick(kind, key, candidates, run, i=index):
+    for index in range(max(len(shapes) for shapes in algorithms.SPLIT_SHAPES.values())):
+        def pick(kind, key, candidates, run, decode, i=index):
             assert key == (B, C, H * W, str(dtype))
             listed = candidates()
             run(listed[(i + 1) % len(listed)])
             return listed[i % len(listed)]
 
         monkeypatch.setattr(tuning, "choose", pick)
+        clear_plans()
         y, mean, rstd, var_unbiased = bn.batch_norm_train_op(x, weight, bias, 1e-5)
         dx, dweight, dbias = bn.batch_norm_train_backward_op(dy, x, weight, mean, rstd)
         assert_close(mean, x.double().mean((0, 2, 3)), tol=STATS_TOL)
@@ -159,5 +163,5 @@ def test_every_split_candidate_is_correct(dtype, monkeypatch):
         assert_close(dx, dx64, dtype)
         assert_close(dweight, dw64, tol=STATS_TOL)
         assert_close(dbias, db64, tol=STATS_TOL)
-        launched.add(tuple(bn.last_kernels()["train_forward"] + bn.last_kernels()["train_backward"]))
+        launched.add(tuple(last_kernels("batch_norm")["train_forward"] + last_kernels("batch_norm")["train_backward"]))
     assert len(launched) >= 4, launched

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from support import DEVICE, INTERPRETED, TOLERANCE, assert_close, poisoned, randn
 
 from nnkernels import Conv2dForward
-from nnkernels.functional.avg_pool2d import avg_pool2d
-from nnkernels.functional.conv2d import conv2d
+from nnkernels.functional.pooling import avg_pool2d
+from nnkernels.functional.conv import conv2d
 from nnkernels.kernel import _LAUNCHED
 
 THREADS = 2

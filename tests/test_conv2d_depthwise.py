@@ -9,7 +9,7 @@ import torch
 
 from nnkernels.ops.conv2d.depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward
 from nnkernels.ops.conv2d.partials import Conv2dDwReduce, dw_partial_size
-from support import DTYPES, assert_close, gpu, poisoned, randn
+from support import DTYPES, GPU, assert_close, gpu, poisoned, randn
 
 # (B, C, H, W, KH, KW, stride, pad, dilation, bias)
 CASES = [
@@ -116,19 +116,18 @@ def test_depthwise_launch_checks():
     (8192, 28, 28, 1, None), (8192, 56, 56, 2, None), (240, 15, 15, 1, None), (240, 29, 29, 2, None),
     (30720, 7, 7, 1, None), (8192, 28, 28, 1, 256), (96, 112, 112, 1, 3), (5, 1, 300, 1, None),
 ])
-def test_depthwise_gpu_tile_heuristic(monkeypatch, planes, rows, cols, row_step, channels):
+def test_depthwise_gpu_tile_heuristic(planes, rows, cols, row_step, channels):
     """The GPU's tiles: dx bands a multiple of the stride, at most DEPTHWISE_BAND rows and as even as
     the plane allows, no more planes per program than dw's channels, and at least two programs per SM
     where halving the bands can give them."""
-    from nnkernels import tuning
+    from nnkernels.functional.conv_algorithms import depthwise
+    from nnkernels.functional.conv_algorithms.base import pow2_at_least
 
-    monkeypatch.setattr(tuning, "INTERPRETED", False)
-    monkeypatch.setattr(tuning, "_num_sms", lambda: 132)
-    tile = tuning.depthwise_tile(planes, rows, cols, row_step, channels)
-    assert tile.rows % row_step == 0 and 0 < tile.rows <= max(tuning.DEPTHWISE_BAND, row_step)
+    tile = depthwise.depthwise_tile(GPU, planes, rows, cols, row_step, channels)
+    assert tile.rows % row_step == 0 and 0 < tile.rows <= max(depthwise.BAND, row_step)
     bands = -(-rows // tile.rows)
     assert bands * tile.rows - rows < bands * row_step  # the last band is short by less than one step per band
-    assert tile.planes <= tuning.pow2_at_least(channels or planes) and tile.block_w >= min(cols, 64)
-    assert tile.planes * tile.block_w <= tuning.DEPTHWISE_LANES
+    assert tile.planes <= pow2_at_least(channels or planes) and tile.block_w >= min(cols, 64)
+    assert tile.planes * tile.block_w <= depthwise.LANES
     programs = -(-planes // tile.planes) * bands * -(-cols // tile.block_w)
     assert programs >= 2 * 132 or tile.rows <= 2 * row_step or bands == rows

@@ -9,14 +9,15 @@ looser tolerance (2e-3: 10-bit mantissa products) than full fp32 (1e-5).
 import pytest
 import torch
 
-from nnkernels import tuning
+from nnkernels.functional.conv_algorithms.base import GemmConfig
+from nnkernels.functional.conv_algorithms.channels_last import channels_last_candidates, pixel_tiles
 from nnkernels.ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward
 from nnkernels.ops.conv2d.channels_last_dx import Conv2dGemmClDx
 from nnkernels.ops.conv2d.partials import Conv2dDwReduce, dw_partial_size
 from nnkernels.ops.conv2d.gemm_dw import Conv2dGemmDw
 from nnkernels.ops.conv2d.gemm_dx import Conv2dGemmDx
 from nnkernels.ops.conv2d.gemm_forward import Conv2dGemmForward
-from support import DEVICE, DTYPES, TOLERANCE, assert_close, gpu, poisoned, randn
+from support import DEVICE, DTYPES, GPU, TOLERANCE, assert_close, gpu, poisoned, randn
 
 TF32_TOLERANCE = 2e-3
 
@@ -273,19 +274,17 @@ def test_device_is_the_suite_device():
     assert randn(1).device.type == DEVICE
 
 
-def test_gpu_forward_candidates_tile_several_images_first_on_ragged_planes(monkeypatch):
+def test_gpu_forward_candidates_tile_several_images_first_on_ragged_planes():
     """On a 132-SM GPU the channels-last forward first tries 64-pixel tiles of 16 (or 32) pixels of several
     images on planes over 256 pixels (as wide as the first guess, then 64 channels wide): on 28x28 planes
     they cover 784 = 49 x 16 pixels exactly, 392 programs where one image's 128-pixel tiles make 224. Not
     for dx (no taps), TMA-first planes, or a batch smaller than a tile's images."""
-    monkeypatch.setattr(tuning, "INTERPRETED", False)
-    monkeypatch.setattr(tuning, "_num_sms", lambda: 132)
-    found = tuning.channels_last_candidates(32, 784, 128, 128, torch.float32, taps=9, tma_plane=(28, 28))
-    assert found[:2] == [tuning.Config(64, 128, 32, 4, 3, image_pixels=16),
-                         tuning.Config(64, 64, 32, 4, 3, image_pixels=16)]  # full fp32's registers want 64
-    assert tuning._pixel_tiles(found[0], 32, 784, 128) == 392
-    assert tuning._pixel_tiles(tuning.Config(128, 128, 32), 32, 784, 128) == 224
-    assert tuning.channels_last_candidates(32, 3136, 64, 64, torch.bfloat16, taps=9)[0].image_pixels == 32
+    found = channels_last_candidates(32, 784, 128, 128, torch.float32, GPU, taps=9)
+    assert found[:2] == [GemmConfig(64, 128, 32, 4, 3, image_pixels=16),
+                         GemmConfig(64, 64, 32, 4, 3, image_pixels=16)]  # full fp32's registers want 64
+    assert pixel_tiles(found[0], 32, 784, 128) == 392
+    assert pixel_tiles(GemmConfig(128, 128, 32), 32, 784, 128) == 224
+    assert channels_last_candidates(32, 3136, 64, 64, torch.bfloat16, GPU, taps=9)[0].image_pixels == 32
     for batch, pixels, taps in ((32, 196, 9), (2, 784, 9), (32, 784, 0)):
-        assert all(c.image_pixels == 0 for c in tuning.channels_last_candidates(batch, pixels, 128, 128,
-                                                                              torch.float32, taps=taps))
+        assert all(c.image_pixels == 0 for c in channels_last_candidates(batch, pixels, 128, 128, torch.float32, GPU,
+                                                                         taps=taps))

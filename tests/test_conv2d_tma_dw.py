@@ -7,10 +7,12 @@ channel tiles wider than the channels, so every edge of a box and of a tile is r
 import pytest
 import torch
 
-from nnkernels import tuning
+from nnkernels.functional.conv_algorithms.channels_last import channels_last_candidates
+from nnkernels.functional.conv_algorithms.partials import REDUCE_TILE, reduce_tile
+from nnkernels.functional.conv_algorithms.tma import tma_box, tma_dw_candidates
 from nnkernels.ops.conv2d.partials import Conv2dDwReduce, dw_partial_size
 from nnkernels.ops.conv2d.tma_dw import Conv2dTmaDw
-from support import BF16X3_TOLERANCE, DEVICE, DTYPES, assert_close, dtype_id, poisoned, randn
+from support import BF16X3_TOLERANCE, DEVICE, DTYPES, GPU, assert_close, dtype_id, poisoned, randn
 
 # (B, C_IN, C_OUT, H, W, KH, KW, pad, dilation, bias)
 CASES = [
@@ -121,7 +123,7 @@ def test_tma_dw_launch_checks(constants, args, match):
 def test_tma_box_wastes_least(plane, pixels, box):
     """The box covers the plane with the fewest wasted pixels, the widest among equals."""
     rows, cols = plane
-    assert tuning.tma_box(rows, cols, pixels) == box
+    assert tma_box(rows, cols, pixels) == box
 
     def covered(b):
         return -(-rows // b[0]) * b[0] * -(-cols // b[1]) * b[1]
@@ -132,40 +134,35 @@ def test_tma_box_wastes_least(plane, pixels, box):
 
 @pytest.mark.parametrize("layer", [(32, 64, 56), (32, 256, 14), (32, 512, 7), (2, 48, 13)],
                          ids=lambda layer: "x".join(map(str, layer)))
-def test_gpu_candidates_fill_the_sms_once(monkeypatch, layer):
+def test_gpu_candidates_fill_the_sms_once(layer):
     """On a 132-SM GPU: the TMA dw's splits never start more programs than their per-SM target
     allows (a second, nearly empty wave doubled the time), and the forward's split-K variants follow
     their own tile set, only where it has fewer programs than SMs, in 2 to 4 slices of at least four
     K-steps."""
     batch, channels, size = layer
-    monkeypatch.setattr(tuning, "INTERPRETED", False)
-    monkeypatch.setattr(tuning, "_num_sms", lambda: 132)
     for dtype in (torch.bfloat16, torch.float32):
-        for config in tuning.tma_dw_candidates(channels, channels, 3, 3, batch, size, size, dtype):
+        for config in tma_dw_candidates(channels, channels, 3, 3, batch, size, size, dtype, GPU):
             tiles = -(-channels // config.block_m) * -(-channels // config.block_n) * 9 // config.taps
             assert tiles * config.split <= 6 * 132 or config.split == 1
             assert config.taps in (1, 3) and config.block_k == (32 if dtype == torch.float32 else 64)
-        found = tuning.channels_last_candidates(batch, size * size, channels, channels, dtype, taps=9)
+        found = channels_last_candidates(batch, size * size, channels, channels, dtype, GPU, taps=9)
         for before, config in zip(found, found[1:]):
             if config.split > 1:
                 assert (before.block_m, before.block_n, before.split) == (config.block_m, config.block_n, 1)
                 assert 2 <= config.split <= 4 and 9 * channels // config.block_k >= 4 * config.split
         assert found[0].split == 1
-        assert all(c.split == 1 for c in tuning.channels_last_candidates(batch, size * size, channels, channels,
-                                                                         dtype))
+        assert all(c.split == 1 for c in channels_last_candidates(batch, size * size, channels, channels, dtype, GPU))
     if size <= 14 and channels >= 256:  # 52 to 98 tiles of 128 x 128 for 132 SMs: split K is offered
         assert any(c.split > 1 for c in found)
 
 
 @pytest.mark.parametrize("positions, taps", [(512 * 512, 9), (64 * 64, 9), (64 * 256, 1), (2 * 10**6, 1), (100, 25)])
-def test_gpu_reduce_tiles_keep_128_positions_and_bound_the_load(monkeypatch, positions, taps):
+def test_gpu_reduce_tiles_keep_128_positions_and_bound_the_load(positions, taps):
     """On a 132-SM GPU the reduce's programs take all taps of at least 128 positions (narrower tiles
     measured 4x slower on the H200), load at most REDUCE_TILE values at once (for up to 64 taps;
     one split row of TAP_BLOCK x 128 beyond), and more split rows at once when a program is narrower."""
-    monkeypatch.setattr(tuning, "INTERPRETED", False)
-    monkeypatch.setattr(tuning, "_num_sms", lambda: 132)
-    tap_block, split_rows, block = tuning.reduce_tile(positions, taps)
+    tap_block, split_rows, block = reduce_tile(positions, taps, GPU)
     assert tap_block >= taps and not tap_block & (tap_block - 1) and not split_rows & (split_rows - 1)
     assert 128 <= block <= max(128, 1024 // tap_block)
-    assert split_rows * tap_block * block <= tuning.REDUCE_TILE
-    assert split_rows == min(64, tuning.REDUCE_TILE // (tap_block * block))
+    assert split_rows * tap_block * block <= REDUCE_TILE
+    assert split_rows == min(64, REDUCE_TILE // (tap_block * block))

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from support import TOLERANCE, assert_close, gpu
 
-from nnkernels.functional.avg_pool2d import avg_pool2d
-from nnkernels.functional.batch_norm import batch_norm
-from nnkernels.functional.conv2d import conv2d
+from nnkernels.functional.pooling import avg_pool2d
+from nnkernels.functional.batchnorm import batch_norm
+from nnkernels.functional.conv import conv2d
 
 DEVICE = "cuda"
 CASES = {

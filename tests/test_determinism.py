@@ -16,7 +16,6 @@ on tiny shapes (`cpu`) of one case per op, as a dry run of this file's logic: th
 programs one by one, so there it proves the harness, not the kernels.
 """
 import contextlib
-import importlib
 import logging
 import os
 import re
@@ -26,17 +25,14 @@ import pytest
 import torch
 from support import DEVICE, INTERPRETED, gpu
 
+from nnkernels import tuning
+from nnkernels.functional import avg_pool2d, batch_norm, clear_plans, conv2d
+from nnkernels.functional.common import KERNELS
 from nnkernels.kernel import catalogue
-
-# The op modules (the package re-exports the functions under the same names, hence import_module).
-conv_module = importlib.import_module("nnkernels.functional.conv2d")
-pool_module = importlib.import_module("nnkernels.functional.avg_pool2d")
-bn_module = importlib.import_module("nnkernels.functional.batch_norm")
 
 RUNS = 3
 CLASSES = {cls.__name__: cls for cls in catalogue()}
-OP_KERNELS = {"conv2d": conv_module.KERNELS, "avg_pool2d": pool_module.KERNEL_CLASSES,
-              "batch_norm": bn_module.KERNEL_CLASSES}
+OP_KERNELS = KERNELS
 
 
 @dataclass
@@ -159,17 +155,16 @@ def run_once(case, leaves, dy_seed=1):
         if options.get("groups") == "C":
             options["groups"] = x.shape[1]
         bias = leaves[2] if len(leaves) > 2 else None
-        y = conv_module.conv2d(x, leaves[1], bias, **options)
+        y = conv2d(x, leaves[1], bias, **options)
         extra = []
     elif case.op == "avg_pool2d":
-        y = pool_module.avg_pool2d(x, **case.options)
+        y = avg_pool2d(x, **case.options)
         extra = []
     else:
         C = x.shape[1]
         running_mean = torch.linspace(-1, 1, C, device=DEVICE)
         running_var = torch.linspace(0.5, 2, C, device=DEVICE)
-        y = bn_module.batch_norm(x, running_mean, running_var, leaves[1], leaves[2], momentum=0.1, eps=1e-5,
-                                 **case.options)
+        y = batch_norm(x, running_mean, running_var, leaves[1], leaves[2], momentum=0.1, eps=1e-5, **case.options)
         extra = [running_mean, running_var]
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(dy_seed)).to(device=DEVICE, dtype=y.dtype)
     y.backward(dy)
@@ -251,7 +246,7 @@ def test_cases_cover_every_kernel_the_ops_choose():
     assert not any(CLASSES[name].seed for name in chosen)
 
 
-DW_KINDS = ("conv2d_unfolded_dw", "conv2d_pointwise_dw", "conv2d_tma_dw", "conv2d_cl_dw", "conv2d_dw")
+DW_KIND = "conv2d_dw"
 # Depthwise dw takes its one tile from a heuristic: nothing to force.
 BIAS_CONV_CASES = [name for name, case in CASES.items()
                    if case.op == "conv2d" and case.options.get("bias") and case.options.get("groups") != "C"]
@@ -267,21 +262,21 @@ def test_every_dw_candidate_repeats(name, monkeypatch):
         pytest.skip("the interpreter runs one case, as a dry run of the harness; the GPU runs them all")
     case = CASES[name]
     leaves = make_inputs(case, case.cpu if INTERPRETED else case.gpu)
-    listed, forced = {}, {}
-    choose = conv_module.tuning.choose
+    listed, forced = [], []
+    choose = tuning.choose
 
-    def forcing_choose(kind, key, candidates, run):
-        if kind in DW_KINDS:
-            listed.setdefault(kind, candidates())
-            if kind in forced:
-                return forced[kind]
-        return choose(kind, key, candidates, run)
+    def forcing_choose(kind, key, candidates, run, decode):
+        if kind == DW_KIND:
+            listed[:] = listed or candidates()
+            if forced:
+                return forced[0]
+        return choose(kind, key, candidates, run, decode)
 
-    monkeypatch.setattr(conv_module.tuning, "choose", forcing_choose)
+    monkeypatch.setattr(tuning, "choose", forcing_choose)
     with case_settings(case):
         run_once(case, leaves)
-        assert len(listed) == 1, f"expected one weight-gradient kind, tuning was asked for {sorted(listed)}"
-        (kind, configs), = listed.items()
-        for config in configs:
-            forced[kind] = config
-            assert_runs_equal([run_once(case, leaves) for _ in range(RUNS)], len(leaves), f"{kind} {config}: ")
+        assert listed, "tuning was never asked for the weight gradient"
+        for choice in list(listed):
+            forced[:] = [choice]
+            clear_plans()
+            assert_runs_equal([run_once(case, leaves) for _ in range(RUNS)], len(leaves), f"{choice}: ")

@@ -1,18 +1,29 @@
-"""nnkernels.functional.conv2d: torch's semantics, autograd, custom-op registration, autocast, errors.
+"""nnkernels.functional.conv: torch's semantics, autograd, custom-op registration, autocast, errors.
 
 References: torch.nn.functional.conv2d and its autograd in float64 on the same data.
 On the GPU fp32 is checked with TF32 on (2e-3: TF32 products) and off (1e-5).
 """
 import json
 import time
+from dataclasses import dataclass
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from nnkernels import tuning
-from nnkernels.functional.conv2d import KERNELS, conv2d, kernels_for
+from nnkernels import machine, tuning
+from nnkernels.functional.common import KERNELS
+from nnkernels.functional.conv import conv2d, kernels_for
+from nnkernels.kernel import KernelObject
 from support import DEVICE, INTERPRETED, TOLERANCE, assert_close, gpu, randn
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A stand-in for a pass's choice: the tuner knows nothing of what its choices mean."""
+
+    block_m: int
+    fails: bool = False
 
 TF32_TOLERANCE = 2e-3
 
@@ -184,8 +195,8 @@ def test_kernels_for_names_the_choice():
     with torch.backends.cudnn.flags(allow_tf32=False):  # full fp32 takes the rows-outer dw up to 4096 pixels
         assert kernels_for((2, 16, 17, 16), (32, 16, 3, 3), padding=1)[-4].startswith("unfold2d")
         assert kernels_for((2, 16, 65, 64), (32, 16, 3, 3), padding=1)[-2].startswith("conv2d_tma_dw")
-    assert {cls.name for cls in KERNELS} >= {k.split("__")[0] for k in depthwise + gemm + unfolded + rows + rows_outer
-                                             + forward_as_dx + larger}
+    assert {cls.name for cls in KERNELS["conv2d"]} >= {k.split("__")[0] for k in depthwise + gemm + unfolded + rows
+                                                       + rows_outer + forward_as_dx + larger}
 
 
 @pytest.mark.parametrize("x_shape, w_shape, options", [
@@ -198,19 +209,22 @@ def test_kernels_for_names_the_choice():
     ((2, 8, 6, 6), (8, 1, 3, 3), dict(padding=1, groups=8)),  # depthwise
 ])
 @pytest.mark.skipif(not INTERPRETED, reason="on the GPU precompile launches several candidates per kernel by design")
-def test_precompile_launches_the_kernels_the_op_picks(x_shape, w_shape, options, caplog):
+def test_precompile_launches_the_kernels_the_op_picks(x_shape, w_shape, options, monkeypatch):
     """`precompile` launches every candidate of every kernel; with one candidate each (the
     interpreter's), that is exactly what `kernels_for` names."""
-    from nnkernels.functional.conv2d import precompile
+    from nnkernels.functional.conv import precompile
 
     dtype = options.pop("dtype", torch.float32)
     x, w = randn(*x_shape, dtype=dtype), randn(*w_shape, dtype=dtype)
     bias = options.pop("bias", False)
-    with caplog.at_level("DEBUG", logger="nnkernels"):
-        precompile(x, w, bias=bias, **options)
-    launched = {r.getMessage().split()[-1] for r in caplog.records
-                if r.getMessage().startswith(("conv2d launches", "unfold launches"))}
-    assert launched == set(kernels_for(x_shape, w_shape, bias=bias, dtype=dtype, **options))
+    launched = set()
+    checked_launch = KernelObject.checked_launch
+    monkeypatch.setattr(KernelObject, "checked_launch", lambda kernel, args: launched.add(kernel.id) or
+                        checked_launch(kernel, args))
+    precompile(x, w, bias=bias, **options)
+    copies = {"channels_last_copy", "channels_last_copy_pair"}  # what the layouts cost, not a choice
+    assert {k for k in launched if k.split("__")[0] not in copies} == {
+        k for k in kernels_for(x_shape, w_shape, bias=bias, dtype=dtype, **options) if k.split("__")[0] not in copies}
 
 def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     """`choose` on a fake timer: the fastest config wins, lands in the JSON file, and is reused without
@@ -221,11 +235,11 @@ def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning, "_memory", None)
     monkeypatch.setattr(tuning, "_full_key", lambda kind, key: f"{kind}|{key}")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    candidates = [tuning.Config(64, 16, 16), tuning.Config(128, 16, 16), tuning.Config(32, 16, 16)]
+    candidates = [Tile(64), Tile(128), Tile(32)]
     monkeypatch.setattr(tuning, "_time_ms", lambda run, config: {64: 3.0, 128: 1.0, 32: 2.0}[config.block_m])
     ran = []
-    assert tuning.choose("conv", (1, 2), lambda: candidates, ran.append) == candidates[1]
-    assert ran[-1] == candidates[1]  # the outputs are left as the chosen config writes them
+    assert tuning.choose("conv", (1, 2), lambda: candidates, ran.append, lambda d: Tile(**d)) == candidates[1]
+    assert set(ran) == set(candidates)  # each timed on the real tensors
     stored = json.loads((tmp_path / "tuning.json").read_text())
     assert stored["conv|(1, 2)"]["block_m"] == 128
     monkeypatch.setattr(tuning, "_memory", None)  # a new process: read back from the file
@@ -234,9 +248,9 @@ def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     def unlisted():  # an eager loop's every call: building the GPU's lists costs more than the launch
         raise AssertionError("a remembered choice should not list the candidates")
 
-    assert tuning.choose("conv", (1, 2), unlisted, ran.append) == candidates[1] and not ran
+    assert tuning.choose("conv", (1, 2), unlisted, ran.append, lambda d: Tile(**d)) == candidates[1] and not ran
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert tuning.choose("conv", (9,), lambda: candidates, ran.append) == candidates[0] and not ran
+    assert tuning.choose("conv", (9,), lambda: candidates, ran.append, lambda d: Tile(**d)) == candidates[0] and not ran
 
 
 @pytest.fixture
@@ -253,13 +267,13 @@ def gpu_tuning(tmp_path, monkeypatch):
 
 def test_a_config_that_runs_out_of_memory_drops_out(gpu_tuning):
     """A candidate whose scratch memory the GPU cannot hold (Winograd's matrices, say) is skipped, not fatal."""
-    candidates = [tuning.Config(16, 16, 16, winograd=True), tuning.Config(64, 16, 16)]
+    candidates = [Tile(16, fails=True), Tile(64)]
 
     def run(config):
-        if config.winograd:
+        if config.fails:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 411.00 MiB")
 
-    assert tuning.choose("conv", (5, 6), lambda: candidates, run) == candidates[1]
+    assert tuning.choose("conv", (5, 6), lambda: candidates, run, lambda d: Tile(**d)) == candidates[1]
 
 
 def test_a_remembered_choice_is_answered_from_memory(gpu_tuning, monkeypatch):
@@ -267,12 +281,16 @@ def test_a_remembered_choice_is_answered_from_memory(gpu_tuning, monkeypatch):
     of an eager step's host time on the H200 machine), until the store is read in again."""
     built = []
     monkeypatch.setattr(tuning, "_full_key", lambda kind, key: built.append(key) or f"{kind}|{key}")
-    candidates = [tuning.Config(64, 16, 16), tuning.Config(32, 16, 16)]
+    candidates = [Tile(64), Tile(32)]
+
+    def choose():
+        return tuning.choose("conv", (3, 4), lambda: candidates, lambda config: None, lambda d: Tile(**d))
+
     for _ in range(3):
-        assert tuning.choose("conv", (3, 4), lambda: candidates, lambda config: None) == candidates[1]
+        assert choose() == candidates[1]
     assert built == [(3, 4)]
     monkeypatch.setattr(tuning, "_memory", None)  # read in again (a test's store, say): the file answers
-    assert tuning.choose("conv", (3, 4), lambda: candidates, lambda config: None) == candidates[1]
+    assert choose() == candidates[1]
     assert built == [(3, 4), (3, 4)]
 
 
@@ -301,13 +319,10 @@ def test_a_remembered_choice_holds_only_for_the_kernel_sources_it_timed(monkeypa
 
 
 def test_the_gpus_properties_are_asked_of_torch_once_per_device(monkeypatch):
-    """Choices are per GPU model: the key holds the current device's name. It, the SM count (which reduce tiles
-    and split plans read on every call) and the compute capability (whether the TMA kernels run: 9.0 and up)
-    come from `get_device_properties`, asked once per device: 6.2 µs a call on the H200 machine, and every
-    tuned launch builds a key."""
+    """Choices are per GPU model: the key holds the current device's name. It, the SM count (which candidate lists
+    read) and the compute capability (whether the TMA kernels run: 9.0 and up) come from `get_device_properties`,
+    asked once per device: 6.2 µs a call on the H200 machine."""
     from types import SimpleNamespace
-
-    from nnkernels.functional.conv2d_plan import has_tma
 
     asked = []
     gpus = {0: SimpleNamespace(name="GPU zero", multi_processor_count=132, major=9, minor=0),
@@ -316,19 +331,22 @@ def test_the_gpus_properties_are_asked_of_torch_once_per_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: asked.append(index) or gpus[index])
-    tuning.device_properties.cache_clear()
+    monkeypatch.setattr(machine, "INTERPRETED", False)
+    machine.device_properties.cache_clear()
+    machine._gpu.cache_clear()
     try:
         assert tuning._full_key("conv", (1,)).startswith("conv|(1,)|GPU zero|")
         assert tuning._full_key("conv", (2,)).startswith("conv|(2,)|GPU zero|")
-        assert [tuning._num_sms(), tuning._num_sms()] == [132, 132]
+        assert [machine.machine_of(torch.device("cuda")).sms for _ in range(2)] == [132, 132]
         current[0] = 1
         assert tuning._full_key("conv", (1,)).startswith("conv|(1,)|GPU one|")
-        assert [tuning._num_sms(), tuning._num_sms()] == [108, 108]
-        assert has_tma(torch.device("cpu"))
-        assert [has_tma(torch.device("cuda", index)) for index in (0, 1, 0, 1)] == [True, False, True, False]
+        assert [machine.machine_of(torch.device("cuda", 1)).sms for _ in range(2)] == [108, 108]
+        assert machine.machine_of(torch.device("cpu")).tma
+        assert [machine.machine_of(torch.device("cuda", i)).tma for i in (0, 1, 0, 1)] == [True, False, True, False]
         assert asked == [0, 1]
     finally:
-        tuning.device_properties.cache_clear()
+        machine.device_properties.cache_clear()
+        machine._gpu.cache_clear()
 
 
 @gpu
@@ -346,7 +364,8 @@ def test_tuning_times_the_gpu_not_the_launch():
 
 def test_interpreter_demo_shapes_use_one_program_per_kernel():
     """On the CPU the heuristic covers the CPU demo's layers with a single program per launch."""
-    for ids in (kernels_for((64, 1, 8, 8), (8, 1, 3, 3), padding=1), kernels_for((64, 8, 8, 8), (16, 8, 3, 3), padding=1)):
+    for ids in (kernels_for((64, 1, 8, 8), (8, 1, 3, 3), padding=1),
+                kernels_for((64, 8, 8, 8), (16, 8, 3, 3), padding=1)):
         forward = ids[0].split("__")
         if DEVICE == "cpu":
             assert forward[-5] == "4096"  # BLOCK_M covers B*OH*OW = 4096 pixels

@@ -15,13 +15,16 @@ are refused loudly rather than returned wrong.
 """
 import warnings
 
+import contextlib
+import unittest.mock
+
 import pytest
 import torch
 from support import DEVICE, INTERPRETED, randn
 
-from nnkernels.functional.avg_pool2d import avg_pool2d
-from nnkernels.functional.batch_norm import batch_norm
-from nnkernels.functional.conv2d import conv2d
+from nnkernels.functional.pooling import avg_pool2d
+from nnkernels.functional.batchnorm import batch_norm
+from nnkernels.functional.conv import conv2d
 
 EPS, ATOL, RTOL = 1e-3, 1e-2, 1e-2
 FAST = INTERPRETED
@@ -124,10 +127,22 @@ DOUBLE_BACKWARD = [
 ]
 
 
+@contextlib.contextmanager
+def compiled_ops():
+    """The functional ops as torch.compile runs them: through their custom operators."""
+    with unittest.mock.patch("torch.compiler.is_compiling", lambda: True):
+        yield
+
+
 @pytest.mark.parametrize("fn, backward_op", DOUBLE_BACKWARD)
 def test_double_backward_is_refused_loudly(fn, backward_op):
-    """Second derivatives are not implemented: gradgradcheck must fail with an error naming the op,
+    """Second derivatives are not implemented: gradgradcheck must fail with an error, eagerly (the backward is
+    refused with create_graph=True) and through the custom operators torch.compile sees (no autograd formula),
     never run on and compare (or return) wrong second derivatives."""
     x = leaf(2, 3, 4, 4)
-    with pytest.raises(RuntimeError, match=rf"nnkernels\.{backward_op}.*no autograd formula"):
+    with pytest.raises(RuntimeError, match="second derivatives .* are not implemented"):
+        torch.autograd.gradgradcheck(fn, (x,), eps=EPS, atol=ATOL, rtol=RTOL, fast_mode=True)
+    op = getattr(torch.ops.nnkernels, backward_op)
+    assert op is not None
+    with pytest.raises(RuntimeError, match=rf"nnkernels\.{backward_op}.*no autograd formula"), compiled_ops():
         torch.autograd.gradgradcheck(fn, (x,), eps=EPS, atol=ATOL, rtol=RTOL, fast_mode=True)

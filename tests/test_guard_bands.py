@@ -8,16 +8,18 @@ every buffer the functional ops allocate with `torch.empty`, `torch.empty_like` 
 and backward every margin must still hold it.
 """
 import math
-import sys
 
 import pytest
 import torch
 
-from support import DEVICE, dtype_id, randn
+from support import DEVICE, GPU, allocations_by_the_ops, dtype_id, randn
 
 import nnkernels
-from nnkernels import tuning
-from nnkernels.functional import winograd
+from nnkernels import machine
+from nnkernels.functional.conv_algorithms.base import GemmConfig
+from nnkernels.functional.conv_algorithms.winograd import (WinogradDw, WinogradForward, winograd_candidates,
+                                                           winograd_dw_candidates)
+from nnkernels.functional.conv_problem import Problem
 from nnkernels.ops.conv2d.winograd_transforms import tiles_of
 
 MARGIN = 4096  # elements on each side of every allocation
@@ -30,20 +32,11 @@ class GuardedAllocations:
     def __init__(self):
         self.buffers = []
 
-    def empty(self, *size, dtype=None, device=None, **_ignored):
-        if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
-            size = tuple(size[0])
-        dtype = dtype or torch.get_default_dtype()
+    def empty(self, size, dtype, device):
         numel = math.prod(size)
         guarded = torch.full((numel + 2 * MARGIN,), SENTINEL, dtype=dtype, device=device)
         self.buffers.append((guarded, numel, tuple(size)))
         return guarded[MARGIN:MARGIN + numel].view(size)
-
-    def empty_like(self, t, *, dtype=None, device=None, **_ignored):
-        return self.empty(*t.shape, dtype=dtype or t.dtype, device=device or t.device)
-
-    def new_empty(self, t, *size, dtype=None, device=None, **_ignored):
-        return self.empty(*size, dtype=dtype or t.dtype, device=device or t.device)
 
     def overwritten(self):
         """(shape, elements changed in the margins) of every buffer whose margins were written."""
@@ -61,16 +54,7 @@ def guarded(monkeypatch):
     """Guard the allocations made by nnkernels' functional ops (only theirs: Triton's interpreter
     allocates through the same functions for its own bookkeeping)."""
     allocations = GuardedAllocations()
-
-    def only_for_the_ops(original, guarded_version):
-        def allocate(*args, **kwargs):
-            caller = sys._getframe(1).f_globals.get("__name__", "")
-            return (guarded_version if caller.startswith("nnkernels.functional") else original)(*args, **kwargs)
-        return allocate
-
-    monkeypatch.setattr(torch, "empty", only_for_the_ops(torch.empty, allocations.empty))
-    monkeypatch.setattr(torch, "empty_like", only_for_the_ops(torch.empty_like, allocations.empty_like))
-    monkeypatch.setattr(torch.Tensor, "new_empty", only_for_the_ops(torch.Tensor.new_empty, allocations.new_empty))
+    allocations_by_the_ops(monkeypatch, allocations.empty)
     return allocations
 
 
@@ -128,22 +112,27 @@ def test_no_kernel_writes_outside_its_outputs_at_resnet_sizes(guarded, dtype):
     assert not guarded.overwritten(), f"written outside the buffer (shape, elements): {guarded.overwritten()}"
 
 
-def run_winograd(guarded, shape, forward_config, dw_config):
-    """Winograd's forward, dx (the transposed forward) and dw with bias, into guarded outputs."""
+def run_winograd(shape, forward_config, dw_config):
+    """Winograd's forward, dx (the transposed forward) and dw with bias: the functional algorithms' runners."""
     batch, channels, size = shape
     x, w, b, dy = (randn(batch, channels, size, size), randn(channels, channels, 3, 3), randn(channels),
                    randn(batch, channels, size, size))
-    outputs = [guarded.empty(*t.shape, dtype=torch.float32, device=DEVICE) for t in (x, x, w, b)]
-    winograd.forward(x, w, b, outputs[0], forward_config)
-    winograd.forward(dy, w, None, outputs[1], forward_config, transposed=True)
-    winograd.weight_gradient(dy, x, outputs[2], outputs[3], dw_config)
+    device = torch.device(DEVICE)
+
+    def problem(flip_taps=False, has_bias=True):
+        return Problem(x.shape, w.shape, (1, 1), (1, 1), (1, 1), 1, torch.float32, has_bias, machine.machine_of(device),
+                       tf32=False, flip_taps=flip_taps, device=device)
+
+    WinogradForward().runner(problem(), forward_config)(x, w, b)
+    WinogradForward().runner(problem(flip_taps=True, has_bias=False), forward_config)(dy, w, None)
+    WinogradDw().runner(problem(), dw_config)(dy, x, None)
 
 
 @pytest.mark.parametrize("shape", [(2, 5, 7), (1, 17, 6)], ids=["odd-plane", "even-plane"])
 def test_winograd_writes_only_its_outputs(guarded, shape):
-    config = tuning.Config(16, 16, 16, 4, 1, split=3, winograd=True)
-    run_winograd(guarded, shape, config, config)
-    assert len(guarded.buffers) == 4 + 9, "the passes' scratch (v, u, m per forward; u, d, partial for dw) too"
+    config = GemmConfig(16, 16, 16, 4, 1, split=3)
+    run_winograd(shape, config, config)
+    assert len(guarded.buffers) == 2 * 4 + 5, "the passes' scratch (v, u, m per forward; u, d, partial for dw) too"
     assert not guarded.overwritten(), f"written outside the buffer (shape, elements): {guarded.overwritten()}"
 
 
@@ -152,8 +141,8 @@ def test_winograd_writes_only_its_outputs(guarded, shape):
 def test_winograd_writes_only_its_outputs_at_resnet_sizes(guarded, shape):
     """Every forward and dw candidate tuning may time."""
     batch, channels, size = shape
-    forward_configs = tuning.winograd_candidates(channels, channels)
-    dw_configs = tuning.winograd_dw_candidates(channels, channels, tiles_of(batch, size, size))
+    forward_configs = winograd_candidates(channels, channels, GPU)
+    dw_configs = winograd_dw_candidates(channels, channels, tiles_of(batch, size, size), GPU)
     for forward_config, dw_config in zip(forward_configs, dw_configs + dw_configs[-1:] * len(forward_configs)):
-        run_winograd(guarded, shape, forward_config, dw_config)
+        run_winograd(shape, forward_config, dw_config)
     assert not guarded.overwritten(), f"written outside the buffer (shape, elements): {guarded.overwritten()}"

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from support import DEVICE, INTERPRETED, TOLERANCE, assert_close, gpu
 
-from nnkernels.functional.avg_pool2d import avg_pool2d
-from nnkernels.functional.batch_norm import batch_norm
-from nnkernels.functional.conv2d import conv2d
+from nnkernels.functional.pooling import avg_pool2d
+from nnkernels.functional.batchnorm import batch_norm
+from nnkernels.functional.conv import conv2d
 
 ROOT = Path(__file__).resolve().parents[1]
 BF16 = torch.bfloat16

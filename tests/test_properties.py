@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import CONV_TF32_TOLERANCE, DEVICE, TOLERANCE, assert_close
 
-from nnkernels.functional.avg_pool2d import avg_pool2d
-from nnkernels.functional.batch_norm import batch_norm
-from nnkernels.functional.conv2d import conv2d
+from nnkernels.functional.pooling import avg_pool2d
+from nnkernels.functional.batchnorm import batch_norm
+from nnkernels.functional.conv import conv2d
 
 COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
               print_blob=True)

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from support import CONV_TF32_TOLERANCE, DEVICE, DTYPES, TOLERANCE, assert_close, dtype_id, gpu, randn
 
 import nnkernels.nn as nkn
-from nnkernels.functional.avg_pool2d import avg_pool2d
-from nnkernels.functional.batch_norm import batch_norm
-from nnkernels.functional.conv2d import conv2d
+from nnkernels.functional.pooling import avg_pool2d
+from nnkernels.functional.batchnorm import batch_norm
+from nnkernels.functional.conv import conv2d
 
 INF, NAN = float("inf"), float("nan")
 

@@ -10,7 +10,7 @@ from support import DEVICE, assert_close, gpu, randn
 from nnkernels.functional import streams
 from nnkernels.functional.streams import forked, side_by_side
 
-conv_module = importlib.import_module("nnkernels.functional.conv2d")
+conv_module = importlib.import_module("nnkernels.functional.conv")
 
 
 def test_side_by_side_returns_both_results():

@@ -15,8 +15,9 @@ from nnkernels.functional.unfold import fold_into, unfold
 from nnkernels.ops.conv2d.pointwise import Conv2dPointwiseFp32Out
 from nnkernels.ops.conv2d.unfold import Fold2d, Unfold2d
 
-conv_module = importlib.import_module("nnkernels.functional.conv2d")
-plan_module = importlib.import_module("nnkernels.functional.conv2d_plan")
+conv_module = importlib.import_module("nnkernels.functional.conv")
+plan_module = importlib.import_module("nnkernels.functional.conv_problem")
+unfolded = importlib.import_module("nnkernels.functional.conv_algorithms.unfolded")
 
 # (B, C, H, W), (KH, KW), stride, padding, dilation
 GEOMETRIES = [
@@ -162,7 +163,7 @@ def test_the_stem_takes_the_unfolded_path_on_the_gpu(dtype):
 def test_conv2d_rows_outer_dw_matches_torch(slice_bytes, tf32, monkeypatch):
     """fp32 at stride 1 on a small plane: dw (and dbias) as one 1x1 product of the input and dy unfolded
     rows-outer, in one slice of the batch or one per image, against float64."""
-    monkeypatch.setattr(plan_module, "UNFOLD_SLICE_BYTES", slice_bytes)
+    monkeypatch.setattr(unfolded, "UNFOLD_SLICE_BYTES", slice_bytes)
     x = randn(3, 16, 5, 6).requires_grad_()
     w = randn(32, 16, 3, 3).requires_grad_()
     b = randn(32).requires_grad_()

@@ -6,8 +6,9 @@ among, and whether quick tuning (the first three candidates) would have found th
 SUITE is a module of nnkernels.bench (conv2d, avg_pool2d, batch_norm). The suite runs with
 NNKERNELS_TUNE=full and a fresh tuning cache (unless the environment sets them), so every
 candidate is timed; the tuner's DEBUG log is kept as DIR/tuning.log and printed as a table
-after the suite's own: per launch kind and shape, candidate i's fields (block_m, block_n,
-block_k, num_warps, num_stages, split, taps) and its time, the best marked with '*'. Needs a GPU.
+after the suite's own: per pass and shape, candidate i's algorithm (for convolutions) and config fields
+(block_m, block_n, block_k, num_warps, num_stages, split, ... in their order) and its time, the best marked
+with '*'. Needs a GPU.
 """
 import importlib
 import logging
@@ -18,22 +19,25 @@ import tempfile
 from pathlib import Path
 
 LAUNCH = re.compile(r"^tuning (\S+) (.*): \{(.*)\}$")
-CANDIDATE = re.compile(r"'Config\(([^)]*)\)': ([\d.]+)")
+# A choice as the tuner logs it: a config's repr, or a convolution's Choice(algorithm='...', config=...).
+CANDIDATE = re.compile(r"[\"'](?:Choice\(algorithm='(\w+)', config=)?\w+Config\(([^)]*)\)\)?[\"']: ([\d.]+)")
 
 
 def table(log_text: str) -> str:
-    """The tuner's DEBUG lines ("tuning KIND KEY: {'Config(...)': ms, ...}") as a table."""
+    """The tuner's DEBUG lines ("tuning KIND KEY: {'<choice>': ms, ...}") as a table."""
     lines = []
     for line in log_text.splitlines():
         launch = LAUNCH.match(line)
-        timings = [(fields, float(ms)) for fields, ms in CANDIDATE.findall(launch[3])] if launch else []
+        timings = [(algorithm, fields, float(ms)) for algorithm, fields, ms in CANDIDATE.findall(launch[3])] if (
+            launch) else []
         if not timings:
             continue
-        best = min(ms for _, ms in timings)
+        best = min(ms for _, _, ms in timings)
         lines.append(f"{launch[1]} {launch[2]}")
-        for index, (fields, ms) in enumerate(timings):
+        for index, (algorithm, fields, ms) in enumerate(timings):
             values = ",".join(field.split("=")[1] for field in fields.split(", "))
-            lines.append(f"  {'*' if ms == best else ' '}{index} {values:28} {1000 * ms:9.1f} us")
+            label = f"{algorithm} {values}" if algorithm else values
+            lines.append(f"  {'*' if ms == best else ' '}{index} {label:28} {1000 * ms:9.1f} us")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ from . import harness
 from ..ops.avg_pool2d.seed import Avgpool2dBackward, Avgpool2dForward
 
 # The module (the package re-exports the function under the same name).
-pool = importlib.import_module("nnkernels.functional.avg_pool2d")
+pool = importlib.import_module("nnkernels.functional.pooling")
 
 BYTES_FORMULA = ("bytes = (numel(x) + numel(y)) * elem_size, both passes; floor = bytes / 4.27 TB/s; "
                  "of_copy = same-size copy time / ours")

@@ -26,7 +26,7 @@ from ..ops.batch_norm.seed import BatchNorm2dNchwBackward, BatchNorm2dNchwForwar
 from ..ops.batch_norm.train import batch_norm_plan
 
 # The module (the package re-exports the function under the same name).
-bn = importlib.import_module("nnkernels.functional.batch_norm")
+bn = importlib.import_module("nnkernels.functional.batchnorm")
 
 BYTES_FORMULA = ("bytes: eval fwd 2Ne, eval bwd 3Ne, train fwd 3Ne, train bwd 5Ne (2Ne/3Ne when a channel fits "
                  "one tile); N = numel(x), e = elem size; floor = bytes / 4.27 TB/s; "

@@ -105,7 +105,7 @@ def _seed_launchers(layer, x, w, dy):
 def _compile_worker(layer, dtype_name, tf32, quick, seed):
     """In a worker process: compile (by launching once) every kernel the row may use; time nothing."""
     os.environ["NNKERNELS_TUNE"] = "off"
-    from ..functional.conv2d import precompile
+    from ..functional.conv import precompile
 
     torch.backends.cudnn.allow_tf32 = tf32
     x, w, dy = _tensors(layer, getattr(torch, dtype_name))

@@ -1,9 +1,11 @@
-"""Torch-facing ops: checks, choice of kernel, autograd, registered with torch.library.
+"""Torch-facing ops: checks, plans, autograd, registration with torch.library.
 
-One module per op, each with `torch.nn.functional`'s semantics; this package re-exports them.
+One module per op, each with `torch.nn.functional`'s semantics (`conv`, `pooling`, `batchnorm`); this package
+re-exports the functions.
 """
-from .avg_pool2d import avg_pool2d
-from .batch_norm import batch_norm
-from .conv2d import conv2d
+from .batchnorm import batch_norm
+from .common import clear_plans, last_kernels
+from .conv import conv2d
+from .pooling import avg_pool2d
 
-__all__ = ["avg_pool2d", "batch_norm", "conv2d"]
+__all__ = ["avg_pool2d", "batch_norm", "clear_plans", "conv2d", "last_kernels"]

@@ -1,22 +1,107 @@
-"""`channels_last(t)`: the NHWC copy of an NCHW tensor that the channels-last convolution kernels read
-(`channels_last_pair(x, weight)`: both of a convolution's, in one launch);
-`channels_first(t)`: the NCHW copy of an NHWC tensor that a channels-last kernel wrote;
-`subsample(t, stride)`: t[:, :, ::s_h, ::s_w], contiguous, and `subsample_backward`, its adjoint.
+"""Layout copies the convolution algorithms make, as factories a plan calls once per signature: each returns a
+function that allocates the copy and launches its kernel (a `Launcher`) on every call.
 
-`t.permute(0, 2, 3, 1).contiguous()`, bit for bit, by the tile-transpose kernel `ChannelsLastCopy`
-(measured on the H200: 36 us for PyTorch's copy of a B32 C64 56x56 bf16 tensor, 11 us for the
-tile transpose). Each launch is logged at DEBUG level on the "nnkernels" logger, like the ops'.
+- `channels_last_copy(shape, dtype)`: t -> t.permute(0, 2, 3, 1).contiguous() for [N, C, H, W] (`ChannelsLastCopy`,
+  a tile transpose, bit for bit torch's copy);
+- `channels_first_copy(shape, dtype)`: [N, H, W, C] -> [N, C, H, W], the same transpose the other way;
+- `channels_last_pair_copy(x_shape, w_shape, dtype)`: a convolution's input and weight in one launch;
+- `subsample_copy(shape, stride, dtype)`: t[:, :, ::s_h, ::s_w].contiguous(), and `subsample_adjoint(...)`, its
+  adjoint (zeros off the lattice).
+`channels_last(t)`, `channels_first(t)`, `channels_last_pair(x, w)`, `subsample(t, stride)` and
+`subsample_backward(grad, shape, stride)` make the same copies once, with every argument checked.
 """
+from __future__ import annotations
+
 import functools
-import logging
 
 import torch
 
 from ..kernel import DTYPE_NAMES
+from ..launcher import Launcher
 from ..ops.common.layout import channels_last_kernel, channels_last_pair_kernel, channels_last_tiles
 from ..ops.conv2d.subsample import Subsample2dBackward, Subsample2dForward, subsample_tiles
 
-_log = logging.getLogger("nnkernels")
+
+def _transpose_copy(images, rows, cols, out_shape, dtype):
+    """t as [images, rows, cols] -> [images, cols, rows], returned with `out_shape`."""
+    if not images * rows * cols:
+        return lambda t: torch.empty(out_shape, dtype=dtype, device=t.device)
+    launch = Launcher(channels_last_kernel(*channels_last_tiles(rows, cols), dtype))
+
+    def copy(t):
+        y = torch.empty(out_shape, dtype=dtype, device=t.device)
+        launch(t, y, images, rows, cols)
+        return y
+
+    return copy
+
+
+def channels_last_copy(shape, dtype):
+    n, c, h, w = shape
+    return _transpose_copy(n, c, h * w, (n, h, w, c), dtype)
+
+
+def channels_first_copy(shape, dtype):
+    n, h, w, c = shape
+    return _transpose_copy(n, h * w, c, (n, c, h, w), dtype)
+
+
+def channels_last_pair_copy(x_shape, w_shape, dtype):
+    """(x, weight) -> (channels-last x, channels-last weight), in one launch of `ChannelsLastCopyPair`."""
+    n, c, h, w = x_shape
+    c_out, c_in, kh, kw = w_shape
+    if not (n * c * h * w and c_out * c_in * kh * kw):
+        copy_x, copy_w = channels_last_copy(x_shape, dtype), channels_last_copy(w_shape, dtype)
+        return lambda x, weight: (copy_x(x), copy_w(weight))
+    launch = Launcher(channels_last_pair_kernel(channels_last_tiles(c, h * w), channels_last_tiles(c_in, kh * kw),
+                                                dtype))
+    x_cl_shape, w_cl_shape = (n, h, w, c), (c_out, kh, kw, c_in)
+
+    def copy(x, weight):
+        x_cl = torch.empty(x_cl_shape, dtype=dtype, device=x.device)
+        weight_cl = torch.empty(w_cl_shape, dtype=dtype, device=x.device)
+        launch(x, x_cl, n, c, h * w, weight, weight_cl, c_out, c_in, kh * kw)
+        return x_cl, weight_cl
+
+    return copy
+
+
+@functools.lru_cache(maxsize=None)
+def _subsample_kernel(cls, stride, plane, dtype):
+    return cls(*stride, *subsample_tiles(plane), dtype=dtype)
+
+
+def subsample_copy(shape, stride, dtype):
+    n, c, h, w = shape
+    oh, ow = -(-h // stride[0]), -(-w // stride[1])
+    out_shape = (n, c, oh, ow)
+    if not n * c * h * w:
+        return lambda t: torch.empty(out_shape, dtype=dtype, device=t.device)
+    launch = Launcher(_subsample_kernel(Subsample2dForward, tuple(stride), oh * ow, dtype))
+
+    def copy(t):
+        y = torch.empty(out_shape, dtype=dtype, device=t.device)
+        launch(t, y, n * c, h, w, oh, ow)
+        return y
+
+    return copy
+
+
+def subsample_adjoint(grad_shape, shape, stride, dtype):
+    """grad [N, C, OH, OW] -> [N, C, H, W] with grad at every stride-th pixel and zeros elsewhere
+    (`Subsample2dBackward` writes every element once)."""
+    n, c, h, w = shape
+    if not n * c * h * w:
+        return lambda grad: torch.empty(shape, dtype=dtype, device=grad.device)
+    launch = Launcher(_subsample_kernel(Subsample2dBackward, tuple(stride), h * w, dtype))
+    sizes = (n * c, h, w, *grad_shape[2:])
+
+    def spread(grad):
+        x = torch.empty(shape, dtype=dtype, device=grad.device)
+        launch(grad, x, *sizes)
+        return x
+
+    return spread
 
 
 def _check(t, name="t"):
@@ -30,77 +115,34 @@ def _check(t, name="t"):
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(t.stride())}")
 
 
-def _transpose(t, shape, rows, cols):
-    """t as [N, rows, cols] copied into [N, cols, rows], returned with `shape`."""
-    y = torch.empty(shape, dtype=t.dtype, device=t.device)
-    if y.numel():
-        _launch(channels_last_kernel(*channels_last_tiles(rows, cols), t.dtype), t, y, t.shape[0], rows, cols)
-    return y
-
-
 def channels_last(t):
-    """`t.permute(0, 2, 3, 1).contiguous()` for a contiguous [N, C, H, W] tensor, by `ChannelsLastCopy`."""
+    """`t.permute(0, 2, 3, 1).contiguous()` for a contiguous [N, C, H, W] tensor."""
     _check(t)
-    n, c, h, w = t.shape
-    return _transpose(t, (n, h, w, c), c, h * w)
+    return channels_last_copy(t.shape, t.dtype)(t)
+
+
+def channels_first(t):
+    """`t.permute(0, 3, 1, 2).contiguous()` for a contiguous [N, H, W, C] tensor."""
+    _check(t)
+    return channels_first_copy(t.shape, t.dtype)(t)
 
 
 def channels_last_pair(x, weight):
-    """(channels_last(x), channels_last(weight)) for a convolution's input and weight of one dtype, in one
-    launch of `ChannelsLastCopyPair` (two launches where either is empty)."""
+    """(channels_last(x), channels_last(weight)) for a convolution's input and weight of one dtype."""
     _check(x, "x")
     _check(weight, "weight")
     if weight.dtype != x.dtype:
         raise ValueError(f"weight: expected dtype {x.dtype} like x, got {weight.dtype}")
-    n, c, h, w = x.shape
-    c_out, c_in, kh, kw = weight.shape
-    if not (x.numel() and weight.numel()):
-        return channels_last(x), channels_last(weight)
-    x_cl = torch.empty((n, h, w, c), dtype=x.dtype, device=x.device)
-    weight_cl = torch.empty((c_out, kh, kw, c_in), dtype=x.dtype, device=x.device)
-    kernel = channels_last_pair_kernel(channels_last_tiles(c, h * w), channels_last_tiles(c_in, kh * kw), x.dtype)
-    _launch(kernel, x, x_cl, n, c, h * w, weight, weight_cl, c_out, c_in, kh * kw)
-    return x_cl, weight_cl
-
-
-def channels_first(t):
-    """`t.permute(0, 3, 1, 2).contiguous()` for a contiguous [N, H, W, C] tensor: the same tile
-    transpose, with the pixels as its rows and the channels as its columns."""
-    _check(t)
-    n, h, w, c = t.shape
-    return _transpose(t, (n, c, h, w), h * w, c)
-
-
-@functools.lru_cache(maxsize=None)
-def _subsample_kernel(cls, stride, plane, dtype):
-    return cls(*stride, *subsample_tiles(plane), dtype=dtype)
-
-
-def _launch(kernel, *args):
-    if _log.isEnabledFor(logging.DEBUG):
-        _log.debug("layout launches %s", kernel.id)
-    kernel.launch(*args)
+    return channels_last_pair_copy(x.shape, weight.shape, x.dtype)(x, weight)
 
 
 def subsample(t, stride):
-    """`t[:, :, ::stride[0], ::stride[1]].contiguous()` for a contiguous [N, C, H, W] tensor, by
-    `Subsample2dForward`."""
+    """`t[:, :, ::stride[0], ::stride[1]].contiguous()` for a contiguous [N, C, H, W] tensor."""
     _check(t)
-    n, c, h, w = t.shape
-    oh, ow = -(-h // stride[0]), -(-w // stride[1])
-    y = torch.empty((n, c, oh, ow), dtype=t.dtype, device=t.device)
-    if y.numel():
-        _launch(_subsample_kernel(Subsample2dForward, tuple(stride), oh * ow, t.dtype), t, y, n * c, h, w, oh, ow)
-    return y
+    return subsample_copy(t.shape, stride, t.dtype)(t)
 
 
 def subsample_backward(grad, shape, stride):
-    """The gradient of `subsample` for an input of `shape`: `grad` at every stride-th pixel, zeros
-    elsewhere, by `Subsample2dBackward`, which writes every element once."""
+    """The gradient of `subsample` for an input of `shape`."""
     _check(grad, "grad")
-    n, c, h, w = shape
-    x = torch.empty(shape, dtype=grad.dtype, device=grad.device)
-    if x.numel():
-        _launch(_subsample_kernel(Subsample2dBackward, tuple(stride), h * w, grad.dtype), grad, x, n * c, h, w,
-                *grad.shape[2:])
-    return x
+    return subsample_adjoint(grad.shape, shape, stride, grad.dtype)(grad)

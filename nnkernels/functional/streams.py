@@ -49,7 +49,7 @@ def side_by_side(device: torch.device, main_work, side_work):
 
 def forked(device: torch.device, main_work, side_work):
     """(main_work(), side_work()) with side_work's kernels on `device`'s side stream, forked from the current
-    stream and joined back to it; side_work returns a tuple of tensors."""
+    stream and joined back to it; side_work returns a tuple of tensors (or Nones)."""
     main = torch.cuda.current_stream(device)
     side = _side_stream(device)
     side.wait_stream(main)
@@ -58,5 +58,6 @@ def forked(device: torch.device, main_work, side_work):
     main_result = main_work()
     main.wait_stream(side)
     for tensor in side_result:
-        tensor.record_stream(main)
+        if tensor is not None:
+            tensor.record_stream(main)
     return main_result, side_result

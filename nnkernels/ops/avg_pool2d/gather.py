@@ -17,9 +17,9 @@ cover it, so it needs no atomics, no zero-initialisation, and is deterministic.
 import triton
 import triton.language as tl
 
-from ...kernel import INT32_MAX, INTERPRETED, kernel_object
+from ...kernel import INT32_MAX, kernel_object
 from ..common.checks import check_grid, check_numel
-from ..common.host_math import cdiv, next_power_of_2
+from ..common.host_math import cdiv
 
 
 def pooled_size(size, kernel, stride, pad, ceil_mode):
@@ -230,77 +230,6 @@ AvgPool2dGatherBackward = kernel_object(
     avg_pool2d_gather_backward, example=(3, 3, 1, 1, 1, 1, True, 0, True, 8, 32, 64), **_OPTIONS)
 
 
-def pooling_blocks(rows, cols, *, tile=None):
-    """(BLOCK_R, BLOCK_W) for a rows x cols output tile grid: about `tile` elements per program on
-    the GPU; on the CPU, few programs as large as the problem (the interpreter pays per program)."""
-    tile = tile or (2**16 if INTERPRETED else 2048)
-    block_w = min(next_power_of_2(cols), tile, 2**16 if INTERPRETED else 64)
-    block_r = max(1, min(tile // block_w, next_power_of_2(rows)))
-    return block_r, block_w
-
-
 def row_align(length):
     """The largest power of two <= 16 that divides `length`."""
     return min(16, length & -length)
-
-
-def pooling_config(rows, cols, taps):
-    """(BLOCK_R, BLOCK_W, num_warps) for a kernel that loads `taps` values per element it writes.
-    Measured on the H200 (bf16 sweep of the suite): 32 elements per thread suit a single tap, 16 up
-    to 4 taps; with 9 taps register pressure wants 8 per thread (2048 elements over 8 warps)."""
-    if INTERPRETED:
-        return (*pooling_blocks(rows, cols), 4)
-    tile, num_warps = (4096, 4) if taps == 1 else (2048, 4) if taps <= 4 else (2048, 8)
-    return (*pooling_blocks(rows, cols, tile=tile), num_warps)
-
-
-def lanes_tile(rows, groups, lanes, tile):
-    """(BLOCK_R, BLOCK_G) of a lanes-kernel program that writes about `tile` elements: up to 512
-    columns of `groups` groups of `lanes` per row, then as many rows as fill the tile."""
-    block_g = min(next_power_of_2(groups), max(1, 512 // lanes))
-    block_r = max(1, min(tile // (block_g * lanes), next_power_of_2(rows)))
-    return block_r, block_g
-
-
-# (elements written per program, num_warps) of the lanes kernels' candidates per element size, the
-# first guess first; `NNKERNELS_TUNE=quick` times the first three. On the H200, the first sweep (before
-# tuning existed) had 2048/w4 the fastest or within 1% on every suite row of both dtypes, 4096/w8 3-20%
-# slower in fp32 and within 4% in bf16. A later cold sweep (BENCHMARKS.md, fifteenth session; µs, one
-# run) found smaller programs faster on B64 C512 28x28 k3 s2, whose outputs are 13 columns wide: fp32
-# forward 1024/w4 39.9 against 2048/w4 45.0; bf16 forward 512/w2 28.1 and 1024/w4 28.4 against 32.0,
-# backward 2048/w2 27.1 against 27.7 (4096/w4). 8192/w4 in bf16 (491 µs there: registers spilled) is gone.
-LANES_PROGRAMS = {
-    4: ((2048, 4), (1024, 4), (4096, 4), (4096, 8), (8192, 8)),
-    2: ((2048, 4), (1024, 4), (4096, 4), (512, 2), (2048, 2), (4096, 8)),
-}
-
-
-def lanes_candidates(rows, written, widths, first_lanes, itemsize, *, gpu=not INTERPRETED):
-    """`tuning.Config`s for a lanes-kernel launch over `rows` written rows of `written` elements,
-    the first guess first, at most 7. Fields: block_m = BLOCK_R (rows per program), block_n =
-    BLOCK_G (groups per row), block_k = LANES (the group width), num_warps.
-
-    `widths`: the LANES the kernel takes for this shape (`forward_lane_widths` or
-    `backward_lane_widths`); `first_lanes` the first guess among them (a 16-byte group). On the
-    GPU: the program sizes of LANES_PROGRAMS with `first_lanes`, then the first size with the next
-    wider width (two vectors per group: fewer neighbour-group loads) or, when there is none, the
-    next narrower. That one comes last (timed with NNKERNELS_TUNE=full only): in the sm_90 PTX
-    the wider groups of fp32 go through shared memory to split and join their lanes (k3 s1 p1: 82
-    shared accesses and 43 barriers per thread, none with 16-byte groups), and narrower bf16 groups
-    take 8-byte loads and 36% more instructions per output. In the interpreter (gpu=False) one
-    config: programs as large as the problem, since it pays per program."""
-    from ...tuning import Config  # here, not at the top: tuning imports the ops package, which imports this module
-
-    def config(lanes, tile, num_warps):
-        return Config(*lanes_tile(rows, cdiv(written, lanes), lanes, tile), lanes, num_warps, 1)
-
-    if not gpu:
-        return [config(first_lanes, 2**16, 4)]
-    programs = LANES_PROGRAMS[4 if itemsize >= 4 else 2]
-    configs = [config(first_lanes, tile, warps) for tile, warps in programs]
-    wider = [lanes for lanes in widths if lanes > first_lanes]
-    narrower = [lanes for lanes in widths if lanes < first_lanes]
-    other = wider[-1] if wider else narrower[0] if narrower else None
-    if other is not None:
-        configs.append(config(other, *programs[0]))
-    return list(dict.fromkeys(configs))

@@ -10,7 +10,7 @@ channels c0 = p*CHANNELS.., whose HW positions are, in every image b, one contig
 CHANNELS*HW elements; the tile is [BLOCK_B images, BLOCK_J >= CHANNELS*HW columns] with column
 j = (c - c0)*HW + hw, so short spatial rows (7x7) still load long contiguous, aligned rows.
 Per-channel sums are segmented sums over the columns (`channel_sums`), exact in fp32. CHANNELS (a launch
-argument) and the tile follow from `grouped_plan`; nnkernels.functional.batch_norm tunes them and num_warps.
+argument) and the tile are the caller's (`nnkernels.functional.batchnorm_algorithms` chooses and tunes them).
 
 Forward:  mean, var = batch mean and biased variance; rstd = 1 / sqrt(var + eps);
           y = weight * (x - mean) * rstd + bias; also saved: mean, rstd, var * M/(M-1), M = B*HW.
@@ -18,94 +18,16 @@ Backward: dbias = sum(dy); dweight = rstd * sum(dy * (x - mean));
           dx = weight * rstd * (dy - dbias/M - (x - mean) * rstd * dweight/M).
 """
 import math
-from collections import namedtuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ...kernel import INTERPRETED, kernel_object
+from ...kernel import kernel_object
 from ..common.checks import check_numel
-from ..common.host_math import cdiv, next_power_of_2
+from ..common.host_math import cdiv
 
 F32 = torch.float32
-
-# How one batch-norm launch cuts the work; see `batch_norm_plan`. Split plans use block_b, block_hw and
-# the chunk fields; fused plans use channels (per program), block_c, block_b, block_j and vector.
-BatchNormPlan = namedtuple(
-    "BatchNormPlan",
-    "channels block_c block_b block_hw block_j vector tiles_per_chunk num_chunks block_partials fused")
-
-# On the GPU: about this many elements per tile, and enough programs for several waves on an H200.
-GPU_TILE = 2048
-GPU_PROGRAMS = 132 * 16
-FUSED_LIMIT = 8192
-# Fused tiles hold about this many elements (32 per thread at 8 warps), in at least this many programs.
-FUSED_TILE = 8192
-FUSED_MIN_PROGRAMS = 132 * 2
-# The interpreter pays per program and per operation, not per element: few, large tiles.
-CPU_TILE = 2**16
-
-
-def _block_hw(HW, tile):
-    """The widest power-of-two row (<= tile) that wastes at most 10% of its lanes over HW."""
-    widest = min(next_power_of_2(HW), tile)
-    for width in (widest >> i for i in range(widest.bit_length())):
-        if width >= 16 and HW / (cdiv(HW, width) * width) >= 0.9:
-            return width
-    return widest
-
-
-def group_vector(C, HW, channels, element_size):
-    """Elements (a power of two, at most 16 bytes) dividing every row start and length of a fused tile:
-    both are multiples of HW * gcd(C, channels)."""
-    run = HW * math.gcd(C, channels)
-    return min(run & -run, max(1, 16 // element_size))
-
-
-def fused_channels(B, C, HW, element_size, tile, min_programs, vector_bytes=8):
-    """Channels per fused program: the most lanes used, in the widest aligned vectors (up to `vector_bytes`
-    count fully), ties to more channels; within `tile` elements and `min_programs` programs."""
-    block_b = next_power_of_2(B)
-    most = max(1, min(C, tile // (block_b * HW), C // min_programs))
-
-    def merit(k):
-        used = k * HW / next_power_of_2(k * HW)
-        return used * min(group_vector(C, HW, k, element_size) * element_size, vector_bytes) / vector_bytes, k
-
-    return max(range(1, most + 1), key=merit)
-
-
-def grouped_plan(B, C, HW, channels, element_size):
-    """The fused plan with `channels` channels per program: a [next_pow2(B), next_pow2(channels*HW)] tile,
-    BLOCK_C = next_pow2(channels) and the widest vector that divides its rows (`group_vector`)."""
-    return BatchNormPlan(channels, next_power_of_2(channels), next_power_of_2(B), 0,
-                         next_power_of_2(channels * HW), group_vector(C, HW, channels, element_size),
-                         1, 1, 1, True)
-
-
-def batch_norm_plan(B, C, HW, *, element_size=4, tile=None, programs=None, fused_limit=None, channels=None):
-    """Tile shape and split of one [B, C, HW] batch-norm problem (keywords override the defaults;
-    `channels` the channels per fused program)."""
-    tile = tile or (CPU_TILE if INTERPRETED else GPU_TILE)
-    programs = programs or (1 if INTERPRETED else GPU_PROGRAMS)
-    block_b = next_power_of_2(B)
-    if block_b * next_power_of_2(HW) <= (fused_limit if fused_limit is not None else
-                                         CPU_TILE if INTERPRETED else FUSED_LIMIT):
-        # On the CPU as many channels as one tile holds; on the GPU a few, so that programs fill it.
-        # (A first guess: nnkernels.functional.batch_norm times alternatives on the GPU.)
-        channels = channels or (max(1, min(C, CPU_TILE // (block_b * HW))) if INTERPRETED else
-                                fused_channels(B, C, HW, element_size, FUSED_TILE, FUSED_MIN_PROGRAMS))
-        return grouped_plan(B, C, HW, channels, element_size)
-    block_hw = _block_hw(HW, tile)
-    block_b = max(1, min(tile // block_hw, block_b))
-    num_tiles = cdiv(B, block_b) * cdiv(HW, block_hw)
-    chunks = max(1, min(cdiv(programs, C), num_tiles, 1024))
-    tiles_per_chunk = cdiv(num_tiles, chunks)
-    chunks = cdiv(num_tiles, tiles_per_chunk)
-    return BatchNormPlan(1, 1, block_b, block_hw, 0, 1, tiles_per_chunk, chunks, next_power_of_2(chunks),
-                         False)
-
 
 def check_channel_tensors(a, names, length, formula="C"):
     for name in names:

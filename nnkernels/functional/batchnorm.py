@@ -1,0 +1,410 @@
+"""`batch_norm`: `torch.nn.functional.batch_norm` on nnkernels' kernels, with autograd and torch.compile.
+
+A call's signature (x's shape, strides, dtype and device; those of weight, bias and the running statistics;
+training) finds its `BatchNormPlan`, built (arguments checked) on the signature's first call. Each pass it runs
+(training forward and backward, evaluation forward and backward) chooses its config on its first call
+(`batchnorm_algorithms`, tuned on the GPU) and binds its kernels. The training forward updates the running
+statistics in place in the same launch where a channel fits one tile (a pass of its own after the split
+passes); while it is tuned, the updates go to scratch, so the statistics change once.
+
+Eagerly, autograd goes through `torch.autograd.Function`s around the plan. Under `torch.compile` the plans run
+inside custom operators with fake implementations:
+- `nnkernels::batch_norm_train(x, weight, bias, eps) -> (y, mean, rstd, var_unbiased)`, with autograd through
+  `nnkernels::batch_norm_train_backward`;
+- `nnkernels::batch_norm_train_update(x, weight, bias, running_mean!, running_var!, momentum, eps)
+  -> (y, mean, rstd)`, mutating; torch takes autograd formulas only on functional operators, so its autograd is
+  a `torch.autograd.Function` (`_TrainUpdatingRunningStats`) with the same backward op;
+- `nnkernels::batch_norm_eval(x, running_mean, running_var, weight, bias, eps) -> y`, with autograd through
+  `nnkernels::batch_norm_eval_backward`.
+`last_kernels("batch_norm")` names the kernels the latest calls launched.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import machine
+from .batchnorm_algorithms import (F32, BatchNormProblem, eval_backward_kernels, eval_backward_runner,
+                                   eval_forward_kernels, eval_forward_runner, train_backward_kernels,
+                                   train_backward_runner, train_forward_kernels, train_forward_runner)
+from .common import (ALIGNMENT, FLOAT_DTYPES, PlanCache, aligned, building, record, refuse_double_backward,
+                     register_kernels)
+from .. import tuning
+
+_PLANS = PlanCache()
+
+
+def _check(x, running_mean, running_var, weight, bias, training, momentum, eps):
+    """Validate every argument (nothing is launched or written before this passes)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x: expected float32, float16 or bfloat16, got {x.dtype}")
+    if x.dim() < 2:
+        raise ValueError(f"x: expected at least 2 dimensions (B, C, ...), got shape {tuple(x.shape)}")
+    C = x.shape[1]
+    for name, tensor in (("weight", weight), ("bias", bias)):
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: expected None or a float tensor, got {getattr(tensor, 'dtype', tensor)!r}")
+        if tensor.shape != (C,):
+            raise ValueError(f"{name}: expected shape ({C},) for the {C} channels of x, got {tuple(tensor.shape)}")
+        if tensor.device != x.device:
+            raise ValueError(f"{name}: expected a tensor on {x.device} like x, got {tensor.device}")
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("running_mean, running_var: expected both or neither, got only one")
+    if running_mean is None and not training:
+        raise ValueError("running_mean: expected a tensor in evaluation mode (training=False), got None")
+    for name, tensor in (("running_mean", running_mean), ("running_var", running_var)):
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != F32:
+            raise ValueError(f"{name}: expected a float32 tensor, got {getattr(tensor, 'dtype', tensor)!r}")
+        if tensor.shape != (C,):
+            raise ValueError(f"{name}: expected a float32 tensor of shape ({C},), got {tuple(tensor.shape)}")
+        if not tensor.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor (the kernels update it in place), got strides "
+                             f"{tuple(tensor.stride())}")
+        if tensor.device != x.device:
+            raise ValueError(f"{name}: expected a tensor on {x.device} like x, got {tensor.device}")
+    if not isinstance(training, bool):
+        raise TypeError(f"training: expected a bool, got {training!r}")
+    if momentum is None:
+        raise TypeError("momentum: expected a float; for a cumulative average pass 1 / num_batches_tracked")
+    if not isinstance(momentum, (int, float)) or isinstance(momentum, bool):
+        raise TypeError(f"momentum: expected a float, got {momentum!r}")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
+        raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
+    if training and x.numel() // max(C, 1) == 1:
+        raise ValueError(f"x: Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
+    if any(size == 0 for size in x.shape[1:]):  # not min(): torch.compile's symbolic sizes take no default=
+        raise ValueError(f"x: expected non-empty channels and spatial sizes (the batch may be 0), got {tuple(x.shape)}")
+
+
+def _info(tensor):
+    return None if tensor is None else (tensor.shape, tensor.stride(), tensor.dtype, tensor.device,
+                                        tensor.data_ptr() % ALIGNMENT == 0)
+
+
+class BatchNormPlan:
+    """What every call with one signature runs: its passes' runners, made on their first calls."""
+
+    def __init__(self, x, weight, bias):
+        self.problem = BatchNormProblem(x.shape, x.dtype, x.device, machine.machine_of(x.device))
+        C, device = x.shape[1], x.device
+        # fp32, contiguous parameters as the kernels read them; ones and zeros where there are none.
+        self.weight_ready = weight is not None and weight.dtype == F32 and weight.is_contiguous()
+        self.bias_ready = bias is not None and bias.dtype == F32 and bias.is_contiguous()
+        self.ones = torch.ones(C, dtype=F32, device=device) if weight is None else None
+        self.zeros = torch.zeros(C, dtype=F32, device=device) if bias is None else None
+        self.runners = {}
+        self.ids = {}
+
+    def params(self, weight, bias):
+        weight = self.ones if weight is None else weight if self.weight_ready else weight.to(F32).contiguous()
+        bias = self.zeros if bias is None else bias if self.bias_ready else bias.to(F32).contiguous()
+        return aligned(weight), aligned(bias)
+
+    def run(self, step, *args):
+        runner = self.runners.get(step)
+        if runner is None:
+            return self._first(step, args)
+        record("batch_norm", step, self.ids[step])
+        return runner(*args)
+
+    def _first(self, step, args):
+        with building():
+            if step not in self.runners:
+                self.runners[step], self.ids[step] = _tuned(self.problem, step, args)
+        return self.run(step, *args)
+
+
+_STEPS = {
+    "train_forward": (lambda p, c: train_forward_runner(p, c, False), lambda p, c: train_forward_kernels(p, c, False)),
+    "train_forward_update": (lambda p, c: train_forward_runner(p, c, True),
+                             lambda p, c: train_forward_kernels(p, c, True)),
+    "train_backward": (train_backward_runner, train_backward_kernels),
+    "eval_forward": (eval_forward_runner, eval_forward_kernels),
+    "eval_backward": (eval_backward_runner, eval_backward_kernels),
+}
+
+
+def _tuned(problem, step, args):
+    """(runner, kernel ids) of `step`'s config, tuned on this first call's arguments. The training forward that
+    updates the running statistics is tuned as the one that does not (the same kernels, the update aside), and
+    its timed runs write their update to scratch."""
+    make, kernels = _STEPS[step]
+    tuned_step = "train_forward" if step == "train_forward_update" else step
+    candidates, decode = problem.candidates(tuned_step)
+    runners = {}
+
+    def runner_of(config):
+        if config not in runners:
+            runners[config] = make(problem, config)
+        return runners[config]
+
+    def time_with(config):
+        if step == "train_forward_update":
+            scratch = (args[3].clone(), args[4].clone())
+            return runner_of(config)(*args[:3], *scratch, *args[5:])
+        return runner_of(config)(*args)
+
+    config = candidates()[0] if decode is None else tuning.choose(problem.kind(tuned_step), problem.key, candidates,
+                                                                  time_with, decode)
+    return runner_of(config), [k.id for k in kernels(problem, config)]
+
+
+def _plan(x, weight, bias, running_mean, running_var, training):
+    try:
+        signature = (x.shape, x.stride(), x.dtype, x.device, _info(weight), _info(bias), _info(running_mean),
+                     _info(running_var), training)
+    except AttributeError:  # not tensors: the checks say which
+        _check(x, running_mean, running_var, weight, bias, training, 0.1, 1e-5)
+        raise
+    plan = _PLANS.get(signature)
+    if plan is None:
+        def build():
+            _check(x, running_mean, running_var, weight, bias, training, 0.1, 1e-5)
+            return BatchNormPlan(x, weight, bias)
+
+        plan = _PLANS.build(signature, build)
+    return plan
+
+
+def _ready(x):
+    return aligned(x if x.is_contiguous() else x.contiguous())
+
+
+def _param_grads(param_dtypes, dweight, dbias):
+    weight_dtype, bias_dtype = param_dtypes
+    return (None if weight_dtype is None else dweight.to(weight_dtype),
+            None if bias_dtype is None else dbias.to(bias_dtype))
+
+
+class _Train(torch.autograd.Function):
+    """Training mode, eagerly: batch statistics, the running statistics (a tuple, not autograd inputs) updated in
+    place when given."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, plan, running, momentum, eps):
+        x = _ready(x)
+        weight32, bias32 = plan.params(weight, bias)
+        if running is None:
+            y, mean, rstd, _ = plan.run("train_forward", x, weight32, bias32, None, None, eps, momentum)
+        else:
+            y, mean, rstd, _ = plan.run("train_forward_update", x, weight32, bias32, *running, eps, momentum)
+        ctx.save_for_backward(x, weight32, mean, rstd)
+        ctx.plan = plan
+        ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        refuse_double_backward("batch_norm")
+        x, weight32, mean, rstd = ctx.saved_tensors
+        dx, dweight, dbias = ctx.plan.run("train_backward", _ready(dy), x, weight32, mean, rstd)
+        return dx, *_param_grads(ctx.param_dtypes, dweight, dbias), None, None, None, None
+
+
+class _Eval(torch.autograd.Function):
+    """Evaluation mode, eagerly: the running statistics (a tuple) normalise x."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, plan, running, eps):
+        x = _ready(x)
+        weight32, bias32 = plan.params(weight, bias)
+        y = plan.run("eval_forward", x, weight32, bias32, *running, eps)
+        ctx.save_for_backward(x, weight32, *running)
+        ctx.plan, ctx.eps = plan, eps
+        ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        refuse_double_backward("batch_norm")
+        x, weight32, running_mean, running_var = ctx.saved_tensors
+        dx, dweight, dbias = ctx.plan.run("eval_backward", _ready(dy), x, weight32, running_mean, running_var, ctx.eps)
+        return dx, *_param_grads(ctx.param_dtypes, dweight, dbias), None, None, None
+
+
+def _empty_batch(x, weight, bias):
+    """An empty batch, as torch treats it: an empty result, zero parameter gradients, no statistics."""
+    scale = (1,) * (x.dim() - 2)
+    y = x.clone()
+    for param in (weight, bias):
+        if param is not None:
+            y = y + (param.to(x.dtype).view(1, -1, *scale) * 0) * x.sum()
+    return y
+
+
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """`torch.nn.functional.batch_norm` with the same arguments and results, on nnkernels' kernels.
+
+    x: (B, C, ...) float32/float16/bfloat16; weight and bias: (C,) or None; running_mean and running_var: (C,)
+    float32 (statistics are always fp32, as under autocast), or None in training mode (batch statistics only,
+    nothing updated). In training mode the batch mean and biased variance normalise x and, when running statistics
+    are given, update them in place: running = (1 - momentum) * running + momentum * batch statistic, with the
+    unbiased variance. momentum must be a float: `momentum=None` (torch's cumulative average) is the module's job,
+    which passes 1 / num_batches_tracked. Bad arguments raise before anything is written."""
+    if torch.compiler.is_compiling():
+        return _traced(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    plan = _plan(x, weight, bias, running_mean, running_var, training)
+    if type(eps) is not float or type(momentum) is not float or type(training) is not bool or not eps >= 0:
+        _check(x, running_mean, running_var, weight, bias, training, momentum, eps)
+        eps, momentum = float(eps), float(momentum)
+    if x.shape[0] == 0:
+        return _empty_batch(x, weight, bias)
+    if training:
+        running = None if running_mean is None else (running_mean, running_var)
+        return _Train.apply(x, weight, bias, plan, running, momentum, eps)
+    return _Eval.apply(x, weight, bias, plan, (running_mean, running_var), eps)
+
+
+def _traced(x, running_mean, running_var, weight, bias, training, momentum, eps):
+    """batch_norm as torch.compile traces it: the custom operators, the checks run on the traced tensors."""
+    _check(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    if x.shape[0] == 0:
+        return _empty_batch(x, weight, bias)
+    if not training:
+        return batch_norm_eval_op(x, running_mean, running_var, weight, bias, float(eps))
+    if running_mean is None:
+        return batch_norm_train_op(x, weight, bias, float(eps))[0]
+    return _TrainUpdatingRunningStats.apply(x, weight, bias, running_mean, running_var, float(momentum), float(eps))
+
+
+# ---- the custom operators torch.compile sees ----
+
+def _fp32_stats(x):
+    C = x.shape[1]
+    return x.new_empty(C, dtype=F32), x.new_empty(C, dtype=F32), x.new_empty(C, dtype=F32)
+
+
+@torch.library.custom_op("nnkernels::batch_norm_train", mutates_args=())
+def batch_norm_train_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training forward: y, and the batch mean, rstd = 1/sqrt(var + eps) and unbiased variance (fp32, [C])."""
+    plan = _plan(x, weight, bias, None, None, True)
+    return plan.run("train_forward", _ready(x), *plan.params(weight, bias), None, None, eps, 0.0)
+
+
+@batch_norm_train_op.register_fake
+def _(x, weight, bias, eps):
+    return (torch.empty_like(x), *_fp32_stats(x))
+
+
+@torch.library.custom_op("nnkernels::batch_norm_train_update", mutates_args=("running_mean", "running_var"))
+def batch_norm_train_update_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                               running_mean: torch.Tensor, running_var: torch.Tensor, momentum: float,
+                               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training forward that also updates the running statistics in place, running = (1 - momentum) * running +
+    momentum * batch statistic (the unbiased variance), fp32: y, and the batch mean and rstd (fp32, [C])."""
+    plan = _plan(x, weight, bias, running_mean, running_var, True)
+    y, mean, rstd, _ = plan.run("train_forward_update", _ready(x), *plan.params(weight, bias), running_mean,
+                                running_var, eps, momentum)
+    return y, mean, rstd
+
+
+@batch_norm_train_update_op.register_fake
+def _(x, weight, bias, running_mean, running_var, momentum, eps):
+    return (torch.empty_like(x), *_fp32_stats(x)[:2])
+
+
+@torch.library.custom_op("nnkernels::batch_norm_train_backward", mutates_args=())
+def batch_norm_train_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], mean: torch.Tensor,
+                                 rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training backward: dx (the full formula through the batch statistics), dweight, dbias (fp32)."""
+    plan = _plan(x, weight, None, None, None, True)
+    return plan.run("train_backward", _ready(dy), _ready(x), plan.params(weight, None)[0], mean, rstd)
+
+
+@batch_norm_train_backward_op.register_fake
+def _(dy, x, weight, mean, rstd):
+    return (torch.empty_like(x), *_fp32_stats(x)[:2])
+
+
+def _train_setup(ctx, inputs, output):
+    x, weight, bias, _ = inputs
+    _, mean, rstd, _ = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+
+
+def _train_backward(ctx, dy, *_stat_grads):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dweight, dbias = batch_norm_train_backward_op(dy, x, weight, mean, rstd)
+    return dx, *_param_grads(ctx.param_dtypes, dweight, dbias), None
+
+
+batch_norm_train_op.register_autograd(_train_backward, setup_context=_train_setup)
+
+
+@torch.library.custom_op("nnkernels::batch_norm_eval", mutates_args=())
+def batch_norm_eval_op(x: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor,
+                       weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """Inference forward: y = (x - running_mean) * weight / sqrt(running_var + eps) + bias."""
+    plan = _plan(x, weight, bias, running_mean, running_var, False)
+    return plan.run("eval_forward", _ready(x), *plan.params(weight, bias), running_mean, running_var, eps)
+
+
+@batch_norm_eval_op.register_fake
+def _(x, running_mean, running_var, weight, bias, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("nnkernels::batch_norm_eval_backward", mutates_args=())
+def batch_norm_eval_backward_op(dy: torch.Tensor, x: torch.Tensor, running_mean: torch.Tensor,
+                                running_var: torch.Tensor, weight: Optional[torch.Tensor],
+                                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inference backward: dx = weight * rstd * dy, and dweight, dbias (fp32) over the batch."""
+    plan = _plan(x, weight, None, running_mean, running_var, False)
+    return plan.run("eval_backward", _ready(dy), _ready(x), plan.params(weight, None)[0], running_mean, running_var,
+                    eps)
+
+
+@batch_norm_eval_backward_op.register_fake
+def _(dy, x, running_mean, running_var, weight, eps):
+    return (torch.empty_like(x), *_fp32_stats(x)[:2])
+
+
+def _eval_setup(ctx, inputs, output):
+    x, running_mean, running_var, weight, bias, eps = inputs
+    ctx.save_for_backward(x, running_mean, running_var, weight)
+    ctx.eps = eps
+    ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+
+
+def _eval_backward(ctx, dy):
+    x, running_mean, running_var, weight = ctx.saved_tensors
+    dx, dweight, dbias = batch_norm_eval_backward_op(dy, x, running_mean, running_var, weight, ctx.eps)
+    return dx, None, None, *_param_grads(ctx.param_dtypes, dweight, dbias), None
+
+
+batch_norm_eval_op.register_autograd(_eval_backward, setup_context=_eval_setup)
+
+
+class _TrainUpdatingRunningStats(torch.autograd.Function):
+    """`nnkernels::batch_norm_train_update`, differentiable in x, weight and bias through
+    `nnkernels::batch_norm_train_backward` (what torch.compile traces)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+        y, mean, rstd = batch_norm_train_update_op(x, weight, bias, running_mean, running_var, momentum, eps)
+        _train_setup(ctx, (x, weight, bias, eps), (y, mean, rstd, None))
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        refuse_double_backward("batch_norm")
+        dx, dweight, dbias, _ = _train_backward(ctx, dy)
+        return dx, dweight, dbias, None, None, None, None
+
+
+def _kernel_classes():
+    from ..kernel import catalogue
+
+    return tuple(cls for cls in catalogue() if cls.__module__.startswith("nnkernels.ops.batch_norm.") and not cls.seed)
+
+
+register_kernels("batch_norm", _kernel_classes())

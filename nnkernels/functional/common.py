@@ -1,0 +1,95 @@
+"""What every functional op shares: the float dtypes, the kernel-object factory, plan caches, the kernels each op
+launches (`KERNELS`, `last_kernels`) and the debug log of launches.
+
+A plan is what the first call with a signature builds (checks, choices, tuning, kernels bound to their grids)
+and every later call with that signature runs; `PlanCache` holds an op's plans.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# 16-byte alignment of every tensor a plan receives: what Triton specialised its first launch on.
+ALIGNMENT = 16
+
+log = logging.getLogger("nnkernels")
+# One lock for building plans: a build may tune, and tuning times kernels best with nothing else launching.
+_BUILDING = threading.RLock()
+_CACHES: list["PlanCache"] = []
+# op name -> the kernel classes it launches (`nnkernels list`); op name -> {step: kernel ids} of its latest calls
+KERNELS: dict[str, tuple] = {}
+_LAST: dict[str, dict[str, list[str]]] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(cls, *constants, dtype, num_warps=None, num_stages=None):
+    """One kernel object per class, constants, dtype and launch options."""
+    return cls(*constants, dtype=dtype, num_warps=num_warps, num_stages=num_stages)
+
+
+def register_kernels(op: str, classes: tuple):
+    """Record the kernel classes `op` launches, for `nnkernels list` and the tests that walk them."""
+    KERNELS[op] = tuple(dict.fromkeys(KERNELS.get(op, ()) + tuple(classes)))
+
+
+def record(op: str, step: str, ids: list[str]):
+    """Note the kernels `op`'s latest `step` launched (a plan's list, made once) and log them at DEBUG level."""
+    _LAST.setdefault(op, {})[step] = ids
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s %s launches %s", op, step, ", ".join(ids))
+
+
+def last_kernels(op: str) -> dict[str, list[str]]:
+    """{step: [kernel ids]} of the latest call of each step of `op` ("forward", "dx", "train_backward", ...)."""
+    return {step: list(ids) for step, ids in _LAST.get(op, {}).items()}
+
+
+def refuse_double_backward(op: str):
+    """Raise where a backward runs with create_graph=True: its gradients would carry no graph, so second derivatives
+    would come out silently zero."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"{op}: second derivatives (autograd with create_graph=True) are not implemented")
+
+
+def aligned(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, or a copy of it where its data is not ALIGNMENT-byte aligned (a view at an odd offset)."""
+    return tensor if tensor.data_ptr() % ALIGNMENT == 0 else tensor.clone()
+
+
+class PlanCache:
+    """signature -> plan. `get(signature)` answers in one dict lookup; `build(signature, make)` runs `make()` once
+    per signature (under one lock for all ops) and keeps its plan unless `make` raises."""
+
+    def __init__(self):
+        self._plans: dict = {}
+        _CACHES.append(self)
+
+    def get(self, signature):
+        return self._plans.get(signature)
+
+    def build(self, signature, make):
+        with _BUILDING:
+            plan = self._plans.get(signature)
+            if plan is None:
+                plan = make()
+                self._plans[signature] = plan
+            return plan
+
+    def clear(self):
+        self._plans.clear()
+
+
+def building():
+    """The lock a plan holds while it makes a choice on its first call (a context manager)."""
+    return _BUILDING
+
+
+def clear_plans():
+    """Forget every op's plans, so the next calls choose their kernels again (after a change of tuning
+    settings, say)."""
+    for cache in _CACHES:
+        cache.clear()

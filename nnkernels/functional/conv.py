@@ -1,0 +1,504 @@
+"""`conv2d`: torch.nn.functional.conv2d on nnkernels' kernels, with autograd, autocast and torch.compile.
+
+A call's signature (shapes, strides, dtypes, devices, stride, padding, dilation, groups, TF32) finds its
+`Conv2dPlan`; the first call with a signature checks the arguments and builds it. The plan's first forward,
+and its first backward per set of gradients asked for, choose each pass's algorithm and config
+(`conv_algorithms`, tuning where it must) and bind their kernels; every later call allocates and launches.
+
+Eagerly, autograd goes through a `torch.autograd.Function` around the plan, torch's cheapest path. Under
+`torch.compile` the same plans run inside two custom operators, `nnkernels::conv2d` and
+`nnkernels::conv2d_backward` (fake implementations, autograd and autocast registered), so graphs trace with no
+break. While a CUDA graph is captured, a backward runs dw on a side stream beside dx (`streams.side_by_side`).
+`kernels_for(...)` names the kernels a call launches; `last_kernels("conv2d")` those the latest calls did.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import machine
+from ..ops.common.layout import channels_last_kernel, channels_last_tiles
+from .common import FLOAT_DTYPES, PlanCache, building, record, refuse_double_backward, register_kernels
+from .conv_algorithms import dw_pass, dx_pass, forward_pass
+from .conv_problem import Problem, output_size, tf32_products
+from .layout import channels_last_copy
+from .streams import side_by_side
+
+INT32_LIMIT = 2**31
+# One launch indexes its pixels (b, oh, ow) and (b, ih, iw) in int32; larger batches go in slices.
+PIXEL_INDEX_LIMIT = 2**31
+_AUTOCAST_DEVICES = ("cuda", "cpu")
+_PLANS = PlanCache()
+
+
+# ---- arguments (torch's semantics; errors name the argument) ----
+
+def _pair(value, name):
+    if type(value) is int:
+        return (value, value)
+    if type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int:
+        return value
+    if isinstance(value, (tuple, list)) and len(value) in (1, 2) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return (int(value[0]), int(value[-1]))
+    raise TypeError(f"{name}: expected an int or a pair of ints, got {value!r}")
+
+
+def _string_padding(x, weight, padding, dilation, stride):
+    """(x, explicit padding) for padding 'valid' or 'same'; 'same' with an even span pads x's right and bottom
+    by one more, as torch does."""
+    if padding == "valid":
+        return x, (0, 0)
+    if padding != "same":
+        raise ValueError(f"padding: expected 'valid', 'same', an int or a pair of ints, got {padding!r}")
+    if stride != (1, 1):
+        raise ValueError(f"padding: 'same' is not supported for strided convolutions (stride={stride})")
+    if not isinstance(weight, Tensor):
+        raise TypeError(f"weight: expected a torch.Tensor, got {type(weight).__name__}")
+    totals = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
+    extra = [t - t // 2 - t // 2 for t in totals]
+    if any(extra) and isinstance(x, Tensor):
+        x = torch.nn.functional.pad(x, (0, extra[1], 0, extra[0]))
+    return x, tuple(t // 2 for t in totals)
+
+
+def _check(x, weight, bias, stride, padding, dilation, groups):
+    """Raise ValueError/TypeError naming the first bad argument. A value of the wrong type (float64 included) is a
+    TypeError, arguments that disagree (dtypes, devices, channels) a ValueError."""
+    for name, tensor in (("input", x), ("weight", weight)):
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if bias is not None and not isinstance(bias, Tensor):
+        raise TypeError(f"bias: expected a torch.Tensor or None, got {type(bias).__name__}")
+    if x.dim() not in (3, 4):
+        raise ValueError(f"input: expected a 3-D (unbatched) or 4-D (batched) tensor, got shape {tuple(x.shape)}")
+    if weight.dim() != 4:
+        raise ValueError(f"weight: expected a 4-D tensor [C_OUT, C_IN/groups, KH, KW], got shape {tuple(weight.shape)}")
+    tensors = [("input", x), ("weight", weight)] + ([("bias", bias)] if bias is not None else [])
+    for name, tensor in tensors:
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: expected float32, float16 or bfloat16, got {tensor.dtype}")
+        if tensor.dtype != x.dtype:
+            raise ValueError(f"{name}: expected dtype {x.dtype} like input, got {tensor.dtype}")
+        if tensor.device != x.device:
+            raise ValueError(f"{name}: expected a tensor on {x.device} like input, got {tensor.device}")
+    if type(groups) is not int or groups < 1:
+        raise ValueError(f"groups: expected a positive int, got {groups!r}")
+    batch, c_in, height, width = x.shape if x.dim() == 4 else (1, *x.shape)
+    c_out, cin_per_group, kh, kw = weight.shape
+    if c_out % groups:
+        raise ValueError(f"groups: {groups} does not divide the weight's {c_out} output channels")
+    if c_in % groups:
+        raise ValueError(f"groups: {groups} does not divide the input's {c_in} channels")
+    if cin_per_group * groups != c_in:
+        raise ValueError(f"input: expected {cin_per_group * groups} channels (weight's {cin_per_group} per group x "
+                         f"groups={groups}), got {c_in}")
+    if bias is not None and tuple(bias.shape) != (c_out,):
+        raise ValueError(f"bias: expected shape ({c_out},), got {tuple(bias.shape)}")
+    if min(x.shape[-3:]) < 1 or min(weight.shape) < 1:
+        raise ValueError(f"input/weight: expected non-empty tensors (the batch may be 0), got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
+    for name, values, low in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
+        if min(values) < low:
+            raise ValueError(f"{name}: expected values >= {low}, got {tuple(values)}")
+    for axis, size, kernel, pad, dil in (("height", height, kh, padding[0], dilation[0]),
+                                         ("width", width, kw, padding[1], dilation[1])):
+        span = dil * (kernel - 1) + 1
+        if size + 2 * pad < span:
+            raise ValueError(f"weight: kernel {axis} {kernel} (dilated to {span}) is larger than the padded input "
+                             f"{axis} {size} + 2*{pad} = {size + 2 * pad}")
+    out_pixels = (output_size(height, kh, stride[0], padding[0], dilation[0])
+                  * output_size(width, kw, stride[1], padding[1], dilation[1]))
+    if c_in * height * width >= INT32_LIMIT or weight.numel() >= INT32_LIMIT or c_out * out_pixels >= INT32_LIMIT:
+        raise ValueError("input: one image (C_IN*H*W), one output image (C_OUT*OH*OW) and the weight must each "
+                         "hold fewer than 2**31 elements")
+
+
+def _ready(tensor):
+    """`tensor` as the kernels read it: contiguous, on a 16-byte aligned address (a copy where it is not)."""
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return tensor if tensor.data_ptr() % 16 == 0 else tensor.clone()
+
+
+def _autocast(x, weight, bias):
+    """Under autocast, floating inputs in the active autocast dtype (as torch's convolution takes them)."""
+    device_type = x.device.type
+    if device_type not in _AUTOCAST_DEVICES or not torch.is_autocast_enabled(device_type):
+        return x, weight, bias
+    dtype = torch.get_autocast_dtype(device_type)
+
+    def cast(tensor):
+        eligible = tensor is not None and tensor.is_floating_point() and tensor.dtype != torch.float64
+        return tensor.to(dtype) if eligible else tensor
+
+    return cast(x), cast(weight), cast(bias)
+
+
+# ---- plans ----
+
+def _batch_chunks(batch, pixels_per_image):
+    """Slices of the batch, [first, end), each small enough for the kernels' int32 pixel index; a single slice
+    unless the batch holds 2**31 pixels or more."""
+    step = max(1, (PIXEL_INDEX_LIMIT - 1) // pixels_per_image)
+    return [(first, min(first + step, batch)) for first in range(0, batch, step)]
+
+
+class Conv2dPlan:
+    """What every call with one signature runs: `forward(x, weight, bias)` and `backward(dy, x, weight, needs)`, on
+    tensors `prepare` made ready (4-D, contiguous, aligned). Built from checked arguments."""
+
+    def __init__(self, x_shape, w_shape, has_bias, dtype, device, stride, padding, dilation, groups, unbatched=False):
+        self.unbatched = unbatched
+        self.x_shape, self.w_shape, self.has_bias, self.dtype, self.device = x_shape, w_shape, has_bias, dtype, device
+        self.args = (stride, padding, dilation, groups)
+        self.y_shape = (x_shape[0], w_shape[0], output_size(x_shape[2], w_shape[2], stride[0], padding[0], dilation[0]),
+                        output_size(x_shape[3], w_shape[3], stride[1], padding[1], dilation[1]))
+        # A plan runs no kernel for an empty batch or on meta tensors: it only allocates.
+        self.runs_kernels = x_shape[0] > 0 and device.type != "meta"
+        self.tf32 = tf32_products(dtype)
+        pixels = max(x_shape[2] * x_shape[3], self.y_shape[2] * self.y_shape[3])
+        self.chunks = _batch_chunks(x_shape[0], pixels) if self.runs_kernels else [(0, x_shape[0])]
+        self.parts = {}
+        if len(self.chunks) > 1:
+            for n in dict.fromkeys(end - first for first, end in self.chunks):
+                self.parts[n] = Conv2dPlan((n, *x_shape[1:]), w_shape, has_bias, dtype, device, *self.args)
+        self._forward = None
+        self._forward_ids = None
+        self._backward = {}
+
+    def problem(self, has_bias):
+        stride, padding, dilation, groups = self.args
+        return Problem(self.x_shape, self.w_shape, stride, padding, dilation, groups, self.dtype, has_bias,
+                       machine.machine_of(self.device), tf32=self.tf32, device=self.device)
+
+    def prepare(self, x, weight, bias):
+        if self.unbatched:
+            x = x.unsqueeze(0)
+        if not self.runs_kernels:
+            return x, weight, bias
+        return _ready(x), _ready(weight), None if bias is None else _ready(bias)
+
+    def forward(self, x, weight, bias):
+        if not self.runs_kernels:
+            return x.new_empty(self.y_shape)
+        if len(self.chunks) > 1:
+            return torch.cat([self.parts[end - first].forward(x[first:end], weight, bias)
+                              for first, end in self.chunks])
+        run = self._forward
+        if run is None:
+            return self._first_forward(x, weight, bias)
+        record("conv2d", "forward", self._forward_ids)
+        return run(x, weight, bias)
+
+    def _first_forward(self, x, weight, bias):
+        with building():
+            if self._forward is None:
+                _, self._forward, self._forward_ids = _tuned(forward_pass(self.problem(self.has_bias)),
+                                                             lambda run: run(x, weight, bias))
+        return self.forward(x, weight, bias)
+
+    def backward(self, dy, x, weight, needs):
+        """(dx, dw, dbias) for `needs` = which of (dx, dw, dbias) are asked for; None where not asked."""
+        if not self.runs_kernels:
+            return (x.new_empty(x.shape) if needs[0] else None, torch.zeros_like(weight) if needs[1] else None,
+                    weight.new_zeros(weight.shape[0]) if needs[2] else None)
+        dy = _ready(dy)
+        if len(self.chunks) > 1:
+            parts = [self.parts[end - first].backward(dy[first:end], x[first:end], weight, needs)
+                     for first, end in self.chunks]
+            dx = torch.cat([part[0] for part in parts]) if needs[0] else None
+            # The chunks' weight gradients add up in a fixed order, in fp32: still deterministic.
+            dw, dbias = (sum(part[i].float() for part in parts).to(self.dtype) if needs[i] else None for i in (1, 2))
+            return dx, dw, dbias
+        run = self._backward.get(needs)
+        if run is None:
+            return self._first_backward(dy, x, weight, needs)
+        record("conv2d", "backward", run.ids)
+        return run(dy, x, weight)
+
+    def _first_backward(self, dy, x, weight, needs):
+        with building():
+            if needs not in self._backward:
+                self._backward[needs] = _backward_runner(self.problem(needs[2]), needs, dy, x, weight)
+        return self.backward(dy, x, weight, needs)
+
+
+def _tuned(pass_, time_with):
+    """(choice, runner, kernel ids) of the choice `pass_` makes; `time_with(runner)` runs a candidate on the first
+    call's tensors while tuning times it."""
+    runners = {}
+
+    def runner_of(choice):
+        if choice not in runners:
+            runners[choice] = pass_.runner(choice)
+        return runners[choice]
+
+    choice = pass_.choose(lambda candidate: time_with(runner_of(candidate)))
+    return choice, runner_of(choice), [k.id for k in pass_.kernels(choice)]
+
+
+class _BackwardRunner:
+    """dx and dw (with dbias) of one backward, sharing dy's channels-last copy where both read one."""
+
+    def __init__(self, dx_run, dw_run, copy_dy, device, ids):
+        self.dx_run, self.dw_run, self.copy_dy, self.device, self.ids = dx_run, dw_run, copy_dy, device, ids
+
+    def __call__(self, dy, x, weight):
+        dy_cl = self.copy_dy(dy) if self.copy_dy is not None else None
+        dx_run, dw_run = self.dx_run, self.dw_run
+        if dx_run is not None and dw_run is not None:
+            dx, (dw, dbias) = side_by_side(self.device, lambda: dx_run(dy, weight, dy_cl),
+                                           lambda: dw_run(dy, x, dy_cl))
+            return dx, dw, dbias
+        if dx_run is not None:
+            return dx_run(dy, weight, dy_cl), None, None
+        return (None, *dw_run(dy, x, dy_cl))
+
+
+def _backward_runner(p, needs, dy, x, weight):
+    """The backward of problem p for `needs`: dx and dw chosen each on its own (tuned on the first call's tensors,
+    each making its own copies while timed), then run sharing dy's channels-last copy where both read one."""
+    need_dx, need_dw, need_dbias = needs
+    ids, dx_run, dw_run, reads = [], None, None, []
+    if need_dx:
+        dx = dx_pass(p)
+        if dx.problem is p:
+            choice, dx_run, dx_ids = _tuned(dx, lambda run: run(dy, weight, None))
+        else:  # dx as the forward of the transposed problem: dy is its input, the weight the convolution's own
+            choice, forward, dx_ids = _tuned(dx, lambda run: run(dy, weight, None))
+            dx_run = _as_dx(forward)
+        reads.append(dx.reads_channels_last(choice))
+        ids += dx_ids
+    if need_dw or need_dbias:
+        dw = dw_pass(p)
+        choice, dw_run, dw_ids = _tuned(dw, lambda run: run(dy, x, None))
+        reads.append(dw.reads_channels_last(choice))
+        ids += dw_ids
+        if not need_dw:
+            dw_run = _bias_only(dw_run)
+    copy_dy = None
+    if len(reads) == 2 and all(reads):
+        copy_dy = channels_last_copy(p.y_shape, p.dtype)
+        ids = [channels_last_kernel(*channels_last_tiles(p.C_OUT, p.OH * p.OW), p.dtype).id] + ids
+    return _BackwardRunner(dx_run, dw_run, copy_dy, p.device, ids)
+
+
+def _as_dx(forward_run):
+    return lambda dy, weight, dy_cl: forward_run(dy, weight, None, dy_cl)
+
+
+def _bias_only(dw_run):
+    def run(dy, x, dy_cl):
+        return None, dw_run(dy, x, dy_cl)[1]
+
+    return run
+
+
+def _plan(x, weight, bias, stride, padding, dilation, groups):
+    """The plan of this call's signature, built (arguments checked) on its first call."""
+    if type(groups) is not int:  # 2.0 == 2 would find the plan of groups=2
+        _check(x, weight, bias, stride, padding, dilation, groups)
+    try:
+        signature = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
+                     weight.device, None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+                     stride, padding, dilation, groups, torch.backends.cudnn.allow_tf32)
+    except AttributeError:  # not tensors: the checks say which
+        _check(x, weight, bias, stride, padding, dilation, groups)
+        raise
+    plan = _PLANS.get(signature)
+    if plan is None:
+        plan = _PLANS.build(signature, lambda: _new_plan(x, weight, bias, stride, padding, dilation, groups))
+    return plan
+
+
+def _new_plan(x, weight, bias, stride, padding, dilation, groups):
+    _check(x, weight, bias, stride, padding, dilation, groups)
+    unbatched = x.dim() == 3
+    return Conv2dPlan((1, *x.shape) if unbatched else tuple(x.shape), tuple(weight.shape), bias is not None, x.dtype,
+                      x.device, stride, padding, dilation, groups, unbatched)
+
+
+class _Conv2d(torch.autograd.Function):
+    """Eager autograd around a plan: the forward saves the tensors the plan made ready, the backward asks the plan
+    for the gradients autograd needs."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, plan):
+        x, weight, bias = plan.prepare(x, weight, bias)
+        ctx.save_for_backward(x, weight)
+        ctx.plan = plan
+        y = plan.forward(x, weight, bias)
+        return y.squeeze(0) if plan.unbatched else y
+
+    @staticmethod
+    def backward(ctx, dy):
+        refuse_double_backward("conv2d")
+        x, weight = ctx.saved_tensors
+        plan = ctx.plan
+        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2] and plan.has_bias)
+        dx, dw, dbias = plan.backward(dy.unsqueeze(0) if plan.unbatched else dy, x, weight, needs)
+        return (dx.squeeze(0) if plan.unbatched and dx is not None else dx), dw, dbias, None
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv2d on nnkernels' kernels (fp32, fp16, bf16; 3-D or 4-D input; autograd; autocast)."""
+    stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+    if isinstance(padding, str):
+        input, padding = _string_padding(input, weight, padding, dilation, stride)
+    else:
+        padding = _pair(padding, "padding")
+    if torch.compiler.is_compiling():
+        return _traced(input, weight, bias, stride, padding, dilation, groups)
+    if isinstance(input, Tensor):
+        input, weight, bias = _autocast(input, weight, bias)
+    plan = _plan(input, weight, bias, stride, padding, dilation, groups)
+    if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _Conv2d.apply(input, weight, bias, plan)
+    y = plan.forward(*plan.prepare(input, weight, bias))
+    return y.squeeze(0) if plan.unbatched else y
+
+
+def _traced(x, weight, bias, stride, padding, dilation, groups):
+    """conv2d as torch.compile traces it: the custom operator (4-D), its checks run on the traced tensors."""
+    unbatched = isinstance(x, Tensor) and x.dim() == 3
+    if unbatched:
+        x = x.unsqueeze(0)
+    y = torch.ops.nnkernels.conv2d(x, weight, bias, list(stride), list(padding), list(dilation), groups)
+    return y.squeeze(0) if unbatched else y
+
+
+# ---- the custom operators torch.compile sees ----
+
+@torch.library.custom_op("nnkernels::conv2d", mutates_args=())
+def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: list[int], padding: list[int],
+              dilation: list[int], groups: int) -> Tensor:
+    """The forward custom op: a 4-D conv2d (see `conv2d`, which also takes 3-D input and string padding)."""
+    plan = _plan(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups)
+    return plan.forward(*plan.prepare(x, weight, bias))
+
+
+@conv2d_op.register_fake
+def _conv2d_fake(x, weight, bias, stride, padding, dilation, groups):
+    _check(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups)
+    oh = output_size(x.shape[2], weight.shape[2], stride[0], padding[0], dilation[0])
+    ow = output_size(x.shape[3], weight.shape[3], stride[1], padding[1], dilation[1])
+    return x.new_empty((x.shape[0], weight.shape[0], oh, ow))
+
+
+@torch.library.custom_op("nnkernels::conv2d_backward", mutates_args=())
+def conv2d_backward_op(grad_y: Tensor, x: Tensor, weight: Tensor, stride: list[int], padding: list[int],
+                       dilation: list[int], groups: int, need_dx: bool, need_dw: bool,
+                       need_dbias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dw, dbias) of `nnkernels::conv2d`; a gradient not asked for comes back as an empty tensor."""
+    plan = _plan(x, weight, None, tuple(stride), tuple(padding), tuple(dilation), groups)
+    x, weight, _ = plan.prepare(x, weight, None)
+    grads = plan.backward(grad_y, x, weight, (need_dx, need_dw, need_dbias))
+    return tuple(x.new_empty(0) if grad is None else grad for grad in grads)
+
+
+@conv2d_backward_op.register_fake
+def _conv2d_backward_fake(grad_y, x, weight, stride, padding, dilation, groups, need_dx, need_dw, need_dbias):
+    return (x.new_empty(x.shape) if need_dx else x.new_empty(0),
+            weight.new_empty(weight.shape) if need_dw else x.new_empty(0),
+            weight.new_empty(weight.shape[0]) if need_dbias else x.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, stride, padding, dilation, groups = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.conv_args = (stride, padding, dilation, groups)
+    ctx.has_bias = bias is not None
+
+
+def _conv2d_op_backward(ctx, grad_y):
+    x, weight = ctx.saved_tensors
+    need_dx, need_dw, need_dbias = ctx.needs_input_grad[:3]
+    need_dbias = need_dbias and ctx.has_bias
+    dx, dw, dbias = torch.ops.nnkernels.conv2d_backward(grad_y, x, weight, *ctx.conv_args, need_dx, need_dw,
+                                                        need_dbias)
+    return (dx if need_dx else None, dw if need_dw else None, dbias if need_dbias else None, None, None, None, None)
+
+
+conv2d_op.register_autograd(_conv2d_op_backward, setup_context=_setup_context)
+
+
+def _register_autocast(device_type):
+    """Under autocast, the custom op casts floating inputs to the *active* autocast dtype (as torch's conv does),
+    then runs with autocast off. `torch.library.register_autocast` fixes one dtype at registration, so the rule
+    is registered by hand on the Autocast<device> key, the way torch registers its own."""
+    key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key_name))
+
+    def autocast_conv2d(keyset, x, weight, bias, stride, padding, dilation, groups):
+        dtype = torch.get_autocast_dtype(device_type)
+
+        def cast(tensor):
+            eligible = tensor is not None and tensor.is_floating_point() and tensor.dtype != torch.float64
+            return tensor.to(dtype) if eligible else tensor
+
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            return conv2d_op(cast(x), cast(weight), cast(bias), stride, padding, dilation, groups)
+
+    _AUTOCAST_LIBRARY.impl("conv2d", autocast_conv2d, key_name, with_keyset=True)
+
+
+_AUTOCAST_LIBRARY = torch.library.Library("nnkernels", "IMPL")
+for _device_type in _AUTOCAST_DEVICES:
+    _register_autocast(_device_type)
+
+
+# ---- what a call launches ----
+
+def _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias):
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return Problem(x_shape, weight_shape, _pair(stride, "stride"), _pair(padding, "padding"),
+                   _pair(dilation, "dilation"), groups, dtype, bias, machine.machine_of(device), device=device)
+
+
+def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype=torch.float32,
+                bias=False, backward=True) -> list[str]:
+    """The ids of the kernels `conv2d` launches for this call (forward, then dx, then dw and its reduce when
+    `backward`), with the choices tuning has remembered or, before any tuning, the first guesses."""
+    p = _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias)
+    passes = [forward_pass(p)] + ([dx_pass(p), dw_pass(p)] if backward else [])
+    return [k.id for pass_ in passes for k in pass_.kernels(pass_.peek())]
+
+
+def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, full=False):
+    """Run once each, on scratch outputs, every choice `conv2d` could make for this call (those quick tuning times,
+    or all with `full`), timing and remembering nothing: Triton then has them all in its disk cache, so another
+    process (one that tunes, say) loads them instead of compiling."""
+    from .. import tuning
+
+    p = _listed_problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype, bias)
+    p.device = x.device
+    x, weight = x.contiguous(), weight.contiguous()
+    bias_arg = torch.zeros(p.C_OUT, dtype=x.dtype, device=x.device) if bias else None
+    count = None if full else tuning.QUICK_CANDIDATES
+    forward = forward_pass(p)
+    outputs = [forward.runner(choice)(x, weight, bias_arg) for choice in forward.candidates()[:count]]
+    if not backward:
+        return
+    dy = outputs[0]  # the forward's output stands in for dy
+    dx = dx_pass(p)
+    for choice in dx.candidates()[:count]:
+        run = dx.runner(choice)
+        (_as_dx(run) if dx.problem is not p else run)(dy, weight, None)
+    dw = dw_pass(p)
+    for choice in dw.candidates()[:count]:
+        dw.runner(choice)(dy, x, None)
+
+
+def _conv_kernel_classes():
+    from ..kernel import catalogue
+    from ..ops.common.layout import ChannelsLastCopy, ChannelsLastCopyPair
+
+    return tuple(cls for cls in catalogue() if cls.__module__.startswith("nnkernels.ops.conv2d.") and not cls.seed) + (
+        ChannelsLastCopy, ChannelsLastCopyPair)
+
+
+register_kernels("conv2d", _conv_kernel_classes())

@@ -1,0 +1,71 @@
+"""The convolution's algorithms, listed once per pass (see `base` for what an algorithm is and how a tier's
+candidates are merged).
+
+`forward_pass(p)`, `dx_pass(p)` and `dw_pass(p)` say, for problem p, which tuning kind and key a pass is chosen
+under, on which problem its runners run, and its candidates. Choosing (`choose`), naming the kernels a call
+uses (`peek` then `kernels`), pre-compiling and running are walks over these lists. A stride-1 dx that a
+channels-last forward can compute (`Problem.dx_forward`) is that forward: its pass is the forward pass of the
+transposed problem, and shares its tuning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ... import tuning
+from . import channels_last, depthwise, implicit_gemm, pointwise, rows, tma, unfolded, winograd
+from .base import Choice, algorithm_named, decode_choice, tier_choices
+
+FORWARD = [(depthwise.FORWARD,), (pointwise.FORWARD,), (channels_last.FORWARD, tma.FORWARD, winograd.FORWARD),
+           (rows.FORWARD,), (implicit_gemm.FORWARD,)]
+DX = [(depthwise.DX,), (pointwise.DX,), (unfolded.DX,), (channels_last.DX,), (implicit_gemm.DX,)]
+DW = [(depthwise.DW,), (unfolded.DW, winograd.DW), (pointwise.DW,), (tma.DW,), (channels_last.DW,),
+      (implicit_gemm.DW,)]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass of a convolution: chosen under tuning's `kind` and `key`, run on `problem`."""
+
+    kind: str
+    key: tuple
+    problem: object
+    candidates: Callable[[], list]
+
+    def choose(self, run) -> Choice:
+        """The choice tuning makes (timing `run(choice)` where it must)."""
+        return tuning.choose(self.kind, self.key, self.candidates, run, decode_choice)
+
+    def peek(self) -> Choice:
+        """The choice a call would make now, timing nothing."""
+        return tuning.peek(self.kind, self.key, self.candidates(), decode_choice)
+
+    def kernels(self, choice: Choice) -> list:
+        return algorithm_named(choice.algorithm).kernels(self.problem, choice.config)
+
+    def runner(self, choice: Choice):
+        return algorithm_named(choice.algorithm).runner(self.problem, choice.config)
+
+    def reads_channels_last(self, choice: Choice) -> bool:
+        return algorithm_named(choice.algorithm).channels_last_input
+
+
+def forward_pass(p) -> Pass:
+    return Pass("conv2d_forward", p.key, p, lambda: _listed(FORWARD, p))
+
+
+def dx_pass(p) -> Pass:
+    transposed = p.dx_forward()
+    if transposed is not None:
+        return forward_pass(transposed)
+    return Pass("conv2d_dx", p.key, p, lambda: _listed(DX, p))
+
+
+def dw_pass(p) -> Pass:
+    return Pass("conv2d_dw", p.key, p, lambda: _listed(DW, p))
+
+
+def _listed(tiers, p):
+    """The pass's candidates; the interpreter gets one, as few large programs are what runs fast there."""
+    choices = tier_choices(tiers, p)
+    return choices if p.machine.gpu else choices[:1]

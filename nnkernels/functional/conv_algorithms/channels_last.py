@@ -1,0 +1,243 @@
+"""Implicit GEMMs on channels-last copies (`ops/conv2d/channels_last*.py`): one-group convolutions whose channel
+counts are multiples of 16, so that the K slices are whole 16-channel runs loaded as vectors. The forward copies
+x and the weight (one launch) and may split K; dx reads a channels-last dy (stride-1 dx runs as a forward, see
+`dx_as_forward`); dw reads dy and x channels-last.
+
+The forward's candidates meet those of the TMA boxes and Winograd in one tier; `ranks` places each.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ...launcher import Launcher
+from ...ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward
+from ...ops.conv2d.channels_last_dx import Conv2dGemmClDx
+from ..layout import channels_first_copy, channels_last_copy, channels_last_pair_copy
+from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, pow2_dividing, register
+from .implicit_gemm import gemm_candidates
+from .partials import dw_split, reduce_kernel, split_sum_kernel, split_weight_gradient
+
+# Output planes up to this many pixels (14x14) try the TMA boxes first; larger ones try first 64-pixel tiles of
+# several images (`image_pixels`), which leave no ragged tiles.
+TMA_FORWARD_FIRST_PIXELS = 256
+
+
+def image_tile(block_m: int, pixels_per_image: int, image_pixels: int = 0) -> int:
+    """BLOCK_Q of the channels-last kernels: the pixels of one image in a tile of `block_m` rows (the rest of the
+    tile holds further images); `image_pixels` where a config sets it."""
+    return image_pixels or min(block_m, pow2_at_least(pixels_per_image))
+
+
+def pixel_tiles(config, batch: int, pixels_per_image: int, n: int) -> int:
+    """Programs of a channels-last forward or dx launch with `config` (one split)."""
+    per_tile = image_tile(config.block_m, pixels_per_image, config.image_pixels)
+    return -(-batch // (config.block_m // per_tile)) * -(-pixels_per_image // per_tile) * -(-n // config.block_n)
+
+
+def split_k(config, programs: int, k: int, machine) -> list:
+    """`config`, then, when its `programs` are fewer than the SMs, the same tiles split over K into 2 to 4 slices
+    (about two programs per SM, each slice at least four K-steps)."""
+    if programs >= machine.sms or k // config.block_k < 8:
+        return [config]
+    split = max(2, min(4, 2 * machine.sms // programs, k // config.block_k // 4))
+    return [config, replace(config, split=split)]
+
+
+def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: int, dtype, machine,
+                             taps: int = 0) -> list[GemmConfig]:
+    """`gemm_candidates` for the channels-last forward and dx kernels. Their pixel tiles take
+    `image_tile(block_m, pixels_per_image)` pixels of one image (one phase of one image for dx), so on the GPU a
+    tile is no wider than that rounded up to a power of two, and at least the 64 rows of a Hopper warpgroup MMA
+    (several small images then share a tile); in the interpreter tiles span many images, for few programs. K
+    slices must not straddle taps: BLOCK_K divides `c_in`, the channels reduced over (C_IN for the forward, C_OUT
+    for dx). When the first guess leaves SMs idle (fewer than two programs per SM), narrower channel tiles go
+    first. With `taps` (the forward's KH*KW; its K is taps*c_in): planes of more than TMA_FORWARD_FIRST_PIXELS
+    pixels try first 64-pixel tiles of several images (`image_pixels` = 16 or 32 pixels of each, dividing the
+    plane; 64 channels wide too, which full fp32's registers want), and a tile set with fewer programs than SMs
+    is also offered split over K right after itself."""
+    limit = pow2_dividing(c_in)
+    widest = max(64, pow2_at_least(pixels_per_image)) if machine.gpu else 4096
+    found = [GemmConfig(min(c.block_m, widest), c.block_n, min(c.block_k, limit), c.num_warps, c.num_stages)
+             for c in gemm_candidates(batch * pixels_per_image, n, c_in, dtype, machine)]
+    if machine.gpu:
+        first = found[0]
+        if pixel_tiles(first, batch, pixels_per_image, n) < 2 * machine.sms and first.block_n > 64:
+            found.insert(0, GemmConfig(first.block_m, 64, first.block_k, 4, first.num_stages))
+        exact = min(32, pow2_dividing(pixels_per_image))
+        if taps and pixels_per_image > TMA_FORWARD_FIRST_PIXELS and exact >= 16 and batch >= 64 // exact:
+            found[:0] = [GemmConfig(64, block_n, first.block_k, 4, 3, image_pixels=exact)
+                         for block_n in dict.fromkeys((first.block_n, min(first.block_n, 64)))]
+        if taps:
+            found = [split for config in found for split in
+                     split_k(config, pixel_tiles(config, batch, pixels_per_image, n), taps * c_in, machine)]
+    return list(dict.fromkeys(found))
+
+
+def channels_last_dw_candidates(m: int, c_in: int, taps: int, pixels: int, dtype, machine) -> list[GemmConfig]:
+    """Configs of the channels-last dw kernel. A column tile either lies inside one tap (BLOCK_N divides C_IN) or
+    holds all C_IN channels of BLOCK_N/C_IN taps (small power-of-two C_IN: the dy tile is then loaded once for
+    several taps). For fp32, unpipelined variants (num_stages=1) first: TF32 tensor cores take operands contiguous
+    along the reduced pixels, these are contiguous along channels, and an unpipelined tile is loaded 16 bytes at a
+    time and transposed on its way into shared memory; for bf16, 128 x 64 tiles with 8 warps first."""
+    limit = pow2_dividing(c_in)
+    if not machine.gpu:
+        return [GemmConfig(clamp_pow2(m, 16, 64), min(clamp_pow2(c_in * taps, 16, 128), limit),
+                           clamp_pow2(pixels, 16, 4096), 4, 1, 1)]
+    wide = 64 if dtype != torch.float32 else 32
+    shapes = [(128, 64, wide, 8, 3, 2), (64, 64, wide, 4, 3, 2), (64, 64, wide, 4, 4, 4), (64, 128, wide, 8, 3, 2),
+              (128, 128, wide, 8, 3, 2), (64, 64, wide // 2, 4, 4, 2)]
+    if c_in == limit and c_in <= 64:
+        shapes += [(64, 2 * c_in, wide, 8, 3, 2), (64, 4 * c_in, wide, 8, 3, 2)]
+    if dtype == torch.float32:
+        shapes[:0] = [(64, 64, 32, 4, 1, 4), (64, 128, 32, 8, 1, 2), (64, 128, 32, 4, 1, 4)]
+    configs = []
+    for block_m, block_n, block_k, warps, stages, oversubscribe in shapes:
+        block_m = clamp_pow2(m, 16, block_m)
+        if block_n > c_in and c_in == limit:  # several taps, at most four (9 taps: 3 tiles of 4)
+            block_n = min(block_n, 4 * c_in)
+        else:
+            block_n = min(block_n, limit)
+        span = max(1, block_n // c_in)
+        tiles = -(-m // block_m) * -(-taps // span) * (c_in // (block_n // span))
+        configs.append(GemmConfig(block_m, block_n, block_k, warps, stages,
+                                  dw_split(tiles, pixels, block_k, oversubscribe, machine)))
+    return list(dict.fromkeys(configs))
+
+
+def dx_forward_weight(p):
+    """weight -> the weight of `dx_forward` problem p in the channels-last forward's layout, [C_IN, KH, KW, C_OUT],
+    taps not flipped (the kernels read them in reverse: FLIP_TAPS): weight as [1, C_OUT, C_IN*KH*KW, 1] made
+    channels-last by the tile transpose (torch's permuted copy is slow: its c_out runs lie C_IN*KH*KW apart)."""
+    c_out, c_in, rows = p.C_IN, p.C_OUT, p.C_OUT * p.KH * p.KW  # the convolution's own weight: [C_OUT, C_IN, KH, KW]
+    copy, shape = channels_last_copy((1, c_out, rows, 1), p.dtype), (c_in, p.KH, p.KW, c_out)
+    return lambda weight: copy(weight.reshape(1, c_out, rows, 1)).reshape(shape)
+
+
+def forward_runner(p, kernels, split):
+    """The runner of a channels-last forward (`Conv2dGemmClForward` or `Conv2dTmaForward`, then the split-K sum
+    when `split` > 1): run(x, weight, bias, x_cl=None) -> y. Of a `dx_forward` problem (FLIP_TAPS) it computes dx:
+    x is dy, read channels-last (`x_cl`, the backward's shared copy, where it made one), and the weight is the
+    convolution's own."""
+    conv, *rest = (Launcher(k) for k in kernels)
+    shape, dtype, sizes, device, c_out = p.y_shape, p.dtype, p.sizes, p.device, p.C_OUT
+    numel = p.B * p.C_OUT * p.OH * p.OW
+    no_partials = torch.empty(0, dtype=torch.float32, device=device)
+    if p.flip_taps:
+        copy_x, transposed = channels_last_copy(p.x_shape, dtype), dx_forward_weight(p)
+
+        def inputs(x, weight, x_cl):
+            return (x_cl if x_cl is not None else copy_x(x)), transposed(weight)
+    else:
+        pair = channels_last_pair_copy(p.x_shape, p.w_shape, dtype)
+
+        def inputs(x, weight, x_cl):
+            return pair(x, weight)
+
+    if split == 1:
+        def run(x, weight, bias, x_cl=None):
+            x_in, w_in = inputs(x, weight, x_cl)
+            y = torch.empty(shape, dtype=dtype, device=device)
+            conv(x_in, w_in, y if bias is None else bias, y, no_partials, *sizes)
+            return y
+
+        return run
+    total = rest[0]
+
+    def run_split(x, weight, bias, x_cl=None):
+        x_in, w_in = inputs(x, weight, x_cl)
+        y = torch.empty(shape, dtype=dtype, device=device)
+        partial = torch.empty(split, numel, dtype=torch.float32, device=device)
+        conv(x_in, w_in, y if bias is None else bias, y, partial, *sizes)
+        total(partial, y, y, split, numel, c_out)
+        return y
+
+    return run_split
+
+
+class ClForward(Algorithm):
+    name = "cl_forward"
+    channels_last_input = True
+
+    def applies(self, p):
+        return p.forward_channels_last
+
+    def candidates(self, p):
+        return channels_last_candidates(p.B, p.OH * p.OW, p.C_OUT, p.C_IN, p.dtype, p.machine, taps=p.KH * p.KW)
+
+    def kernels(self, p, config):
+        block_q = image_tile(config.block_m, p.OH * p.OW, config.image_pixels)
+        constants = p.geometry + (p.has_bias, p.tf32, p.flip_taps, config.block_m, config.block_n, config.block_k,
+                                  block_q, config.split)
+        kernels = [make_kernel(Conv2dGemmClForward, constants, p, config)]
+        return kernels + ([split_sum_kernel(p, p.B * p.C_OUT * p.OH * p.OW)] if config.split > 1 else [])
+
+    def runner(self, p, config):
+        return forward_runner(p, self.kernels(p, config), config.split)
+
+
+class ClDx(Algorithm):
+    """dx from a channels-last dy with the weight as [KH, KW, C_IN, C_OUT] (contiguous along the reduced c_out, as
+    TF32 tensor cores want it); strided layers with C_IN a multiple of 16 write NHWC, transposed after."""
+
+    name = "cl_dx"
+    channels_last_input = True
+
+    def applies(self, p):
+        return p.dx_channels_last
+
+    def candidates(self, p):
+        return channels_last_candidates(p.B, p.pixels_per_phase, p.C_IN, p.C_OUT, p.dtype, p.machine)
+
+    def kernels(self, p, config):
+        block_q = image_tile(config.block_m, p.pixels_per_phase)
+        constants = p.geometry + (p.tf32, p.dx_nhwc, config.block_m, config.block_n, config.block_k, block_q)
+        return [make_kernel(Conv2dGemmClDx, constants, p, config)]
+
+    def runner(self, p, config):
+        launch = Launcher(self.kernels(p, config)[0])
+        copy_dy = channels_last_copy(p.y_shape, p.dtype)
+        nhwc = (p.B, p.H, p.W, p.C_IN)
+        written_shape = nhwc if p.dx_nhwc else p.x_shape
+        to_nchw = channels_first_copy(nhwc, p.dtype) if p.dx_nhwc else None
+        sizes, device = p.sizes, p.device
+
+        def run(dy, weight, dy_cl):
+            w_t = weight.permute(2, 3, 1, 0).contiguous()  # [KH, KW, C_IN, C_OUT]: tiny
+            written = torch.empty(written_shape, dtype=p.dtype, device=device)
+            launch(dy_cl if dy_cl is not None else copy_dy(dy), w_t, written, *sizes)
+            return to_nchw(written) if to_nchw is not None else written
+
+        return run
+
+
+class ClDw(Algorithm):
+    name = "cl_dw"
+    channels_last_input = True
+
+    def applies(self, p):
+        return p.channels_last
+
+    def candidates(self, p):
+        return channels_last_dw_candidates(p.C_OUT, p.C_IN, p.KH * p.KW, p.B * p.OH * p.OW, p.dtype, p.machine)
+
+    def kernels(self, p, config):
+        tap_span = max(1, config.block_n // p.C_IN)  # a column tile wider than C_IN spans taps
+        constants = p.geometry + (p.has_bias, p.tf32, config.block_m, config.block_n, config.block_k, tap_span)
+        return [make_kernel(Conv2dGemmClDw, constants, p, config), reduce_kernel(p, p.has_bias)]
+
+    def runner(self, p, config):
+        product, reduce = (Launcher(k) for k in self.kernels(p, config))
+        return split_weight_gradient(p, config.split, product, reduce, p.sizes, channels_last_operands(p))
+
+
+def channels_last_operands(p):
+    """(dy, x, dy_cl) -> (channels-last dy, channels-last x): the operands of the channels-last and TMA dw kernels."""
+    copy_dy, copy_x = channels_last_copy(p.y_shape, p.dtype), channels_last_copy(p.x_shape, p.dtype)
+    return lambda dy, x, dy_cl: (dy_cl if dy_cl is not None else copy_dy(dy), copy_x(x))
+
+
+FORWARD = register(ClForward())
+DX = register(ClDx())
+DW = register(ClDw())

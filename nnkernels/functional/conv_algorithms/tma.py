@@ -1,0 +1,131 @@
+"""Channels-last stride-1 convolutions whose tiles are TMA boxes (`ops/conv2d/tma_*.py`; compute capability 9.0
+and up, and the interpreter): the forward, first on small planes, and dw, which writes tap-major partials."""
+from __future__ import annotations
+
+import torch
+
+from ...launcher import Launcher
+from ...ops.conv2d.tma_dw import Conv2dTmaDw
+from ...ops.conv2d.tma_forward import Conv2dTmaForward
+from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, pow2_dividing, register
+from .channels_last import TMA_FORWARD_FIRST_PIXELS, channels_last_operands, forward_runner, split_k
+from .partials import reduce_kernel, split_sum_kernel, split_weight_gradient
+
+
+def tma_box(rows: int, cols: int, pixels: int) -> tuple[int, int]:
+    """(BOX_H, BOX_W) of `pixels` (a power of two) for planes of rows x cols: the box that wastes the least on the
+    planes' ragged edges (56x56: 8x8 boxes fit exactly; 7x7: 8x8 boxes hold 49 of 64), the wider one among equals
+    (longer runs of addresses)."""
+    def covered(box_w):
+        box_h = pixels // box_w
+        return -(-rows // box_h) * box_h * -(-cols // box_w) * box_w
+
+    widths = [1 << i for i in range(pixels.bit_length()) if 1 << i <= pixels]
+    box_w = min(widths, key=lambda w: (covered(w), -w))
+    return pixels // box_w, box_w
+
+
+def tma_forward_box(block_m: int, rows: int, cols: int) -> tuple[int, int, int]:
+    """(BOX_B, BOX_H, BOX_W) of `Conv2dTmaForward` for `block_m` pixels (a power of two) of rows x cols planes:
+    whole planes rounded up to powers of two, several images of them where they are smaller than `block_m`, else
+    `tma_box`'s box."""
+    plane_h, plane_w = pow2_at_least(rows), pow2_at_least(cols)
+    if plane_h * plane_w <= block_m:
+        return block_m // (plane_h * plane_w), plane_h, plane_w
+    return (1, *tma_box(rows, cols, block_m))
+
+
+def tma_forward_candidates(batch: int, plane: tuple[int, int], n: int, c_in: int, dtype, taps: int,
+                           machine) -> list[GemmConfig]:
+    """Configs of `Conv2dTmaForward`: boxes of 64 output pixels (`tma_forward_box`) by BLOCK_N channels (128, or 64
+    where C_OUT is), one warpgroup, 4 then 3 pipeline stages, each also split over K when its programs are fewer
+    than the SMs. The interpreter takes one box set over many images."""
+    block_n = clamp_pow2(n, 16, 128)
+    block_k = min(64 if dtype != torch.float32 else 32, pow2_dividing(c_in))
+    if not machine.gpu:
+        return [GemmConfig(4096, block_n, block_k, 4, 1)]
+    found = []
+    for stages in (4, 3):
+        config = GemmConfig(64, block_n, block_k, 4, stages)
+        box_b, box_h, box_w = tma_forward_box(config.block_m, *plane)
+        programs = -(-batch // box_b) * -(-plane[0] // box_h) * -(-plane[1] // box_w) * -(-n // block_n)
+        found += split_k(config, programs, taps * c_in, machine)
+    return found
+
+
+def tma_dw_candidates(c_out: int, c_in: int, kh: int, kw: int, batch: int, rows: int, cols: int, dtype,
+                      machine) -> list[GemmConfig]:
+    """Configs of `Conv2dTmaDw`: BLOCK_M c_out x BLOCK_N c_in tiles, boxes of `block_k` pixels (128 bytes of a
+    64-channel row), one tap or a row of KW taps per program (one dy box then serves the row), and the boxes split
+    so that a given number of programs per SM run (at most that: a second, nearly empty wave would double the
+    time). 16-bit types: 128 x 64 tiles of one tap at 3 programs per SM first, then rows of taps on 64 x 64 tiles,
+    then 128 x 128; fp32 starts with rows of taps over 64 x 64 tiles, 128 x 128 tiles and 128 x 64 at 6 per SM."""
+    if not machine.gpu:
+        return [GemmConfig(clamp_pow2(c_out, 16, 64), clamp_pow2(c_in, 16, 64), 64, 4, 1, 1, kw)]
+    block_k = 64 if dtype != torch.float32 else 32
+    box_h, box_w = tma_box(rows, cols, block_k)
+    boxes = batch * -(-rows // box_h) * -(-cols // box_w)
+    order = [(128, 64, 8, 3, 1, 3), (64, 64, 4, 3, kw, 2), (128, 128, 8, 3, 1, 1), (128, 64, 8, 3, 1, 6),
+             (64, 64, 4, 3, kw, 3), (64, 64, 8, 3, 1, 4)]
+    if dtype == torch.float32:
+        order = [order[1], order[2], order[3], order[4], order[0], order[5]]
+    configs = []
+    for block_m, block_n, warps, stages, taps, per_sm in order:
+        block_m, block_n = clamp_pow2(c_out, 16, block_m), clamp_pow2(c_in, 16, block_n)
+        tiles = -(-c_out // block_m) * -(-c_in // block_n) * (kh * kw // taps)
+        split = max(1, min(boxes, per_sm * machine.sms // tiles))
+        configs.append(GemmConfig(block_m, block_n, block_k, warps, stages, split, taps))
+    return list(dict.fromkeys(configs))
+
+
+def _boxes_run(p):
+    return p.channels_last and p.stride == (1, 1) and p.machine.tma
+
+
+class TmaForward(Algorithm):
+    name = "tma_forward"
+    channels_last_input = True
+
+    def applies(self, p):
+        return p.forward_channels_last and _boxes_run(p)
+
+    def candidates(self, p):
+        return tma_forward_candidates(p.B, (p.OH, p.OW), p.C_OUT, p.C_IN, p.dtype, p.KH * p.KW, p.machine)
+
+    def ranks(self, p, count):
+        """First on planes of at most TMA_FORWARD_FIRST_PIXELS pixels, where boxes were faster; last on larger."""
+        first = -1 if p.OH * p.OW <= TMA_FORWARD_FIRST_PIXELS else 1000
+        return [first + index / 1000 for index in range(count)]
+
+    def kernels(self, p, config):
+        box = tma_forward_box(config.block_m, p.OH, p.OW)
+        constants = p.geometry + (p.has_bias, p.tf32, p.flip_taps, *box, config.block_n, config.block_k, config.split)
+        kernels = [make_kernel(Conv2dTmaForward, constants, p, config)]
+        return kernels + ([split_sum_kernel(p, p.B * p.C_OUT * p.OH * p.OW)] if config.split > 1 else [])
+
+    def runner(self, p, config):
+        return forward_runner(p, self.kernels(p, config), config.split)
+
+
+class TmaDw(Algorithm):
+    name = "tma_dw"
+    channels_last_input = True
+
+    def applies(self, p):
+        return _boxes_run(p)
+
+    def candidates(self, p):
+        return tma_dw_candidates(p.C_OUT, p.C_IN, p.KH, p.KW, p.B, p.OH, p.OW, p.dtype, p.machine)
+
+    def kernels(self, p, config):
+        box = tma_box(p.OH, p.OW, config.block_k)
+        constants = p.geometry + (p.has_bias, p.tf32, config.taps, config.block_m, config.block_n) + box
+        return [make_kernel(Conv2dTmaDw, constants, p, config), reduce_kernel(p, p.has_bias, p.KH * p.KW)]
+
+    def runner(self, p, config):
+        product, reduce = (Launcher(k) for k in self.kernels(p, config))
+        return split_weight_gradient(p, config.split, product, reduce, p.sizes, channels_last_operands(p))
+
+
+FORWARD = register(TmaForward())
+DW = register(TmaDw())

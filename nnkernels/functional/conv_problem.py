@@ -1,0 +1,135 @@
+"""`Problem`: one convolution's sizes in the names the kernels take, and the facts about it that decide which
+algorithms may run its passes (`conv_algorithms`). The thresholds are where one algorithm overtook another on
+the H200; docs/notes.md has the measurements.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..machine import Machine
+from ..ops.conv2d.winograd_transforms import POINTS, tiles_of
+
+# The channels-last kernels read K slices of 16 channels.
+CHANNELS_LAST_MULTIPLE = 16
+# The unfolded backward (1x1 products over the C_IN*KH*KW rows of the unfolded input) is for few input channels
+# and large planes, the RGB stem's: there the implicit GEMM's C_IN tile is mostly padding.
+UNFOLD_MAX_CHANNELS = 4
+UNFOLD_MIN_PIXELS = 1024
+# fp32 weight gradients of small planes (larger ones with TF32 off) are one 1x1 product over B*OH*OW pixels of
+# the input unfolded rows-outer: a reduction the tensor cores read in contiguous runs.
+UNFOLD_DW_MAX_PIXELS = 256
+UNFOLD_DW_MAX_PIXELS_FULL_FP32 = 4096
+# Winograd F(2x2, 3x3) is offered for full-fp32 3x3 stride-1 pad-1 layers with this many channels in and out:
+# with fewer the products are too thin for the transforms' traffic to pay.
+WINOGRAD_MIN_CHANNELS = 64
+
+
+def output_size(size, kernel, stride, pad, dilation):
+    """An output side of a convolution, as torch computes it."""
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def winograd_enabled():
+    """`NNKERNELS_WINOGRAD`: "on" (the default; tuning may choose Winograd) or "off"."""
+    value = os.environ.get("NNKERNELS_WINOGRAD", "on").lower()
+    if value not in ("on", "off"):
+        raise ValueError(f"NNKERNELS_WINOGRAD: expected on or off, got {value!r}")
+    return value == "on"
+
+
+def winograd_fits(batch, height, width, channels):
+    """Whether Winograd's [16, T, C] matrices of `channels` channels index in int32, as its kernels do."""
+    return POINTS * tiles_of(batch, height, width) * channels < 2**31
+
+
+def tf32_products(dtype, device_type="cuda"):
+    """TF32 products for fp32 where cuDNN would use them (on the GPU, when `cudnn.allow_tf32`); 16-bit types
+    always take the tensor-core path."""
+    return dtype != torch.float32 or (device_type == "cuda" and bool(torch.backends.cudnn.allow_tf32))
+
+
+class Problem:
+    """The sizes of one convolution, in the names the kernels take, on `machine`."""
+
+    def __init__(self, x_shape, w_shape, stride, padding, dilation, groups, dtype, has_bias, machine: Machine, *,
+                 tf32=None, flip_taps=False, device=None):
+        self.B, self.C_IN, self.H, self.W = (int(v) for v in x_shape)
+        self.C_OUT, self.cin_per_group, self.KH, self.KW = (int(v) for v in w_shape)
+        self.OH = output_size(self.H, self.KH, stride[0], padding[0], dilation[0])
+        self.OW = output_size(self.W, self.KW, stride[1], padding[1], dilation[1])
+        self.groups, self.dtype, self.has_bias, self.machine = groups, dtype, has_bias, machine
+        self.device = device  # where the runners allocate (None: problems only listed, never run)
+        self.tf32 = tf32_products(dtype) if tf32 is None else tf32
+        self.stride, self.padding, self.dilation = tuple(stride), tuple(padding), tuple(dilation)
+        self.geometry = (self.KH, self.KW, *self.stride, *self.padding, *self.dilation)
+        self.depthwise = groups == self.C_IN == self.C_OUT
+        # An unpadded one-group 1x1 convolution is a matrix product per image, of x[:, :, ::s, ::s] when strided.
+        self.pointwise = (self.KH, self.KW, *self.padding) == (1, 1, 0, 0) and groups == 1
+        self.subsampled = self.pointwise and self.stride != (1, 1)
+        self.unfolded = (groups == 1 and self.C_IN <= UNFOLD_MAX_CHANNELS and not self.pointwise
+                         and not self.depthwise and self.OH * self.OW >= UNFOLD_MIN_PIXELS)
+        self.unfolded_rows = self.C_IN * self.KH * self.KW
+        # The same few-channel convolutions run their forward a row per program on the GPU (not in TF32, where
+        # the general kernel is faster); the interpreter pays per program and keeps the general kernel's few.
+        self.rows_forward = self.unfolded and not (dtype == torch.float32 and self.tf32) and machine.gpu
+        self.channels_last = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
+                              and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
+        most_pixels = UNFOLD_DW_MAX_PIXELS if self.tf32 else UNFOLD_DW_MAX_PIXELS_FULL_FP32
+        self.rows_outer_dw = (dtype == torch.float32 and self.channels_last and not self.pointwise
+                              and self.stride == (1, 1) and self.OH * self.OW <= most_pixels)
+        self.unfolded_dw = self.unfolded or self.rows_outer_dw
+        self.winograd = (self.rows_outer_dw and not self.tf32 and self.geometry == (3, 3, 1, 1, 1, 1, 1, 1)
+                         and min(self.C_IN, self.C_OUT) >= WINOGRAD_MIN_CHANNELS and winograd_enabled()
+                         and winograd_fits(self.B, self.H, self.W, max(self.C_IN, self.C_OUT)))
+        # The channels-last copy of x pays off over KH*KW taps; a 1x1 convolution's NCHW kernel is faster.
+        self.forward_channels_last = self.channels_last and self.KH * self.KW > 1 and not self.pointwise
+        # dx's K slices run over C_OUT only, so any C_IN will do.
+        self.dx_channels_last = (groups == 1 and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0 and not self.pointwise
+                                 and not self.depthwise and not self.unfolded)
+        # A strided dx kernel writes each phase's pixels STRIDE_W apart: into NHWC, where a pixel's channels make
+        # one run, then transposed; where C_IN is not a multiple of 16 they would not make whole runs.
+        self.dx_nhwc = self.dx_channels_last and self.stride != (1, 1) and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
+        self.flip_taps = flip_taps  # the weight's taps stored in reverse (`dx_forward`'s problems)
+        # dx pixels of one stride phase of one image (the gather-form dx kernels' unit of work)
+        self.pixels_per_phase = -(-self.H // self.stride[0]) * -(-self.W // self.stride[1])
+        self.key = (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.geometry, groups, str(dtype), self.tf32,
+                    has_bias, self.winograd)
+
+    @property
+    def sizes(self):
+        return (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.OH, self.OW)
+
+    @property
+    def launch_sizes(self):
+        """The size arguments of this problem's kernels (the depthwise ones take one C)."""
+        if self.depthwise:
+            return (self.B, self.C_IN, self.H, self.W, self.OH, self.OW)
+        return self.sizes
+
+    @property
+    def x_shape(self):
+        return (self.B, self.C_IN, self.H, self.W)
+
+    @property
+    def y_shape(self):
+        return (self.B, self.C_OUT, self.OH, self.OW)
+
+    @property
+    def w_shape(self):
+        return (self.C_OUT, self.cin_per_group, self.KH, self.KW)
+
+    def dx_forward(self):
+        """The problem whose forward convolution is this one's dx, or None where the channels-last forward cannot
+        run it. With stride 1, dx = conv2d(dy, w', padding = dil*(K-1) - pad) with w'[c_in, c_out, kh, kw] =
+        w[c_out, c_in, KH-1-kh, KW-1-kw]: the forward's algorithms and tuning (split K included) serve dx."""
+        if self.stride != (1, 1) or not self.dx_channels_last:
+            return None
+        pads = [d * (k - 1) - p for d, k, p in zip(self.dilation, (self.KH, self.KW), self.padding)]
+        if min(pads) < 0:
+            return None
+        problem = Problem((self.B, self.C_OUT, self.OH, self.OW), (self.C_IN, self.C_OUT, self.KH, self.KW), (1, 1),
+                          pads, self.dilation, 1, self.dtype, False, self.machine, tf32=self.tf32, flip_taps=True,
+                          device=self.device)
+        return problem if problem.forward_channels_last else None
