@@ -158,23 +158,25 @@ def list_command():
 
 
 def bench_suites() -> tuple:
-    """Every suite `bench` runs: the harness's SUITES, then any other module of nnkernels.bench with run()."""
+    """Every suite `bench` runs, by the name it takes on the command line (a module of nnkernels.bench with run(),
+    its underscores written as hyphens): the harness's SUITES first."""
     from . import bench
 
     extra = [m.name for m in pkgutil.iter_modules(bench.__path__)
              if m.name not in bench.SUITES and m.name != "harness"]
-    return tuple(bench.SUITES) + tuple(sorted(extra))
+    return tuple(name.replace("_", "-") for name in tuple(bench.SUITES) + tuple(sorted(extra)))
 
 
 @cli.command()
-@click.option("--quick", is_flag=True, help="Fewer shapes, for a fast look.")
+@click.option("--quick", is_flag=True, help="Fewer shapes or rounds, for a fast look.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-out"),
-              show_default=True, help="Folder for <op>.csv and <op>.png.")
-@click.argument("ops", nargs=-1, metavar="[OP]...")
-def bench(quick, out, ops):
-    """Benchmark OPs (default: every suite of nnkernels.bench.SUITES) against PyTorch on the GPU.
+              show_default=True, help="Folder for <suite>.csv and <suite>.png.")
+@click.argument("names", nargs=-1, metavar="[SUITE]... | models [MODEL]...")
+def bench(quick, out, names):
+    """Benchmark SUITEs (default: conv2d, avg_pool2d, batch_norm) against PyTorch on the GPU; `models` takes the
+    torchvision models to train (default: the five it lists), and `host` times each op's host path.
 
-    Prints each table, writes <op>.csv and a PNG chart of the speed-up per shape.
+    Prints each table, writes <suite>.csv and a PNG chart of the speed-up per case.
     """
     from rich.console import Console
 
@@ -182,17 +184,19 @@ def bench(quick, out, ops):
     from .bench import harness
 
     known = bench_suites()
-    unknown = [op for op in ops if op not in known]
+    suites, arguments = (names[:1], names[1:]) if names[:1] == ("models",) else (names, ())
+    unknown = [name for name in suites if name not in known]
     if unknown:
         raise click.BadParameter(f"unknown suite(s) {', '.join(unknown)}; expected some of {', '.join(known)}",
-                                 param_hint="OP")
+                                 param_hint="SUITE")
     harness.require_gpu()
     console = Console(stderr=True)
-    for op in ops or bench_package.SUITES:
-        with console.status(f"benchmarking {op} ..."):
-            rows = importlib.import_module(f"nnkernels.bench.{op}").run(quick)
-        click.echo(harness.report(rows, out, op, f"nnkernels bench {op}: speed-up over PyTorch"))
-        click.echo(f"wrote {out / f'{op}.csv'} and {out / f'{op}.png'}\n")
+    for name in suites or bench_package.SUITES:
+        module = importlib.import_module(f"nnkernels.bench.{name.replace('-', '_')}")
+        with console.status(f"benchmarking {name} ..."):
+            rows = module.run(quick, *([arguments] if arguments else []))
+        click.echo(harness.report(rows, out, name, f"nnkernels bench {name}: speed-up over PyTorch"))
+        click.echo(f"wrote {out / f'{name}.csv'} and {out / f'{name}.png'}\n")
 
 
 def main(argv=None):

@@ -11,16 +11,32 @@ In the interpreter, and while a launch hook is set (a profiler's), every call ta
 """
 from __future__ import annotations
 
+import torch
+import triton
 from triton import knobs
-from triton.runtime import driver
+from triton.runtime import _allocation, driver
 
 from ._mode import INTERPRETED
+
+
+def _torch_scratch(size: int, alignment: int, stream):
+    # torch's allocations are 256-byte aligned and ordered on the current stream, as the launch is.
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def use_torch_scratch():
+    """Let Triton take a kernel's global scratch (TMA descriptors made on the device) from torch's caching
+    allocator, unless this thread's context has set an allocator of its own. Triton keeps the allocator per
+    context, and autograd runs backward passes on threads of its own, so every launch that needs scratch asks."""
+    current = getattr(_allocation, "_allocator", None)  # private: if Triton moves it, ours is set
+    if current is None or isinstance(current.get(), _allocation.NullAllocator):
+        triton.set_allocator(_torch_scratch)
 
 
 class Launcher:
     """Call with a kernel object's launch arguments, in its documented order."""
 
-    __slots__ = ("kernel", "_run", "_grid", "_function", "_metadata", "_device", "_constants", "_stream")
+    __slots__ = ("kernel", "_run", "_grid", "_function", "_metadata", "_device", "_constants", "_stream", "_scratch")
 
     def __init__(self, kernel):
         self.kernel = kernel
@@ -30,6 +46,8 @@ class Launcher:
         run = self._run
         if run is None or knobs.runtime.launch_enter_hook is not None:
             return self._checked(args)
+        if self._scratch:
+            use_torch_scratch()
         grid = self._grid
         run(grid[0], grid[1], grid[2], self._stream(self._device), self._function, self._metadata, None, None, None,
             *args, *self._constants)
@@ -45,4 +63,5 @@ class Launcher:
         self._device = device.index
         self._constants = self.kernel.constants_after_args
         self._stream = driver.active.get_current_stream
+        self._scratch = getattr(compiled.metadata, "global_scratch_size", 0) > 0
         self._run = compiled.run

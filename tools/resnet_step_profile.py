@@ -3,7 +3,7 @@ and of torch's, with its total µs per step (torch.profiler, mean of 3 steps aft
 
     PYTHONPATH=. python3 tools/resnet_step_profile.py [--batch 64]
 
-Same step as `nnkernels bench resnet50_step` (bf16 autocast, SGD, NCHW), run eagerly: each
+Same step as `nnkernels bench models resnet50` (bf16 autocast, SGD, NCHW), run eagerly: each
 kernel's own GPU time does not depend on how it was launched, so the per-kernel sums show what
 a CUDA-graph replay of the step spends, less the gaps. Prints, per side, the time per group
 (convolution forward / data gradient / weight gradient, layout copies, batch norm, pooling, the
@@ -17,7 +17,7 @@ import re
 import torch
 
 from nnkernels.bench import harness
-from nnkernels.bench.resnet50_step import IMAGE_SIZE, NUM_CLASSES, make_step
+from nnkernels.bench.models import IMAGE_SIZE, NUM_CLASSES, make_step
 
 STEPS = 3
 # First match wins; names are Triton function names (ours) and cuDNN/CUTLASS/ATen kernel names (torch's).

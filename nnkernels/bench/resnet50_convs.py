@@ -1,6 +1,6 @@
 """Benchmark: every distinct convolution of torchvision's ResNet-50 at batch 64, 224 px, bf16, NCHW.
 
-The 23 shapes the `resnet50_step` benchmark runs (53 layers), each timed as in the conv2d suite
+The 23 shapes of ResNet-50 (53 layers) that the `models` benchmark trains, each timed as in the conv2d suite
 (forward; backward = dx + dw), with how many layers share it; the last line sums the layers'
 times, forward + backward, weighted by that count, for both sides: the convolutions' share of
 a training step. The stem's row includes its dx, which the step does not compute.

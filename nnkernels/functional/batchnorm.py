@@ -28,8 +28,8 @@ from .. import machine
 from .batchnorm_algorithms import (F32, BatchNormProblem, eval_backward_kernels, eval_backward_runner,
                                    eval_forward_kernels, eval_forward_runner, train_backward_kernels,
                                    train_backward_runner, train_forward_kernels, train_forward_runner)
-from .common import (ALIGNMENT, FLOAT_DTYPES, PlanCache, aligned, building, record, refuse_double_backward,
-                     register_kernels)
+from .common import (ALIGNMENT, FLOAT_DTYPES, PlanCache, aligned, building, elsewhere, record,
+                     refuse_double_backward, register_kernels)
 from .. import tuning
 
 _PLANS = PlanCache()
@@ -108,6 +108,10 @@ class BatchNormPlan:
         return aligned(weight), aligned(bias)
 
     def run(self, step, *args):
+        switch = elsewhere(self.problem.device)
+        if switch is not None:
+            with switch:
+                return self.run(step, *args)
         runner = self.runners.get(step)
         if runner is None:
             return self._first(step, args)

@@ -55,6 +55,14 @@ def refuse_double_backward(op: str):
         raise RuntimeError(f"{op}: second derivatives (autograd with create_graph=True) are not implemented")
 
 
+def elsewhere(device: torch.device):
+    """A context that makes `device` the current GPU, or None where it is current already (or not a GPU): a plan's
+    kernels launch on the current GPU, as Triton's launcher does."""
+    if device.type != "cuda" or device.index == torch.cuda.current_device():
+        return None
+    return torch.cuda.device(device)
+
+
 def aligned(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor`, or a copy of it where its data is not ALIGNMENT-byte aligned (a view at an odd offset)."""
     return tensor if tensor.data_ptr() % ALIGNMENT == 0 else tensor.clone()

@@ -20,7 +20,8 @@ from torch import Tensor
 
 from .. import machine
 from ..ops.common.layout import channels_last_kernel, channels_last_tiles
-from .common import FLOAT_DTYPES, PlanCache, building, record, refuse_double_backward, register_kernels
+from .common import (FLOAT_DTYPES, PlanCache, building, elsewhere, record, refuse_double_backward,
+                     register_kernels)
 from .conv_algorithms import dw_pass, dx_pass, forward_pass
 from .conv_problem import Problem, output_size, tf32_products
 from .layout import channels_last_copy
@@ -184,6 +185,10 @@ class Conv2dPlan:
     def forward(self, x, weight, bias):
         if not self.runs_kernels:
             return x.new_empty(self.y_shape)
+        switch = elsewhere(self.device)
+        if switch is not None:
+            with switch:
+                return self.forward(x, weight, bias)
         if len(self.chunks) > 1:
             return torch.cat([self.parts[end - first].forward(x[first:end], weight, bias)
                               for first, end in self.chunks])
@@ -205,6 +210,10 @@ class Conv2dPlan:
         if not self.runs_kernels:
             return (x.new_empty(x.shape) if needs[0] else None, torch.zeros_like(weight) if needs[1] else None,
                     weight.new_zeros(weight.shape[0]) if needs[2] else None)
+        switch = elsewhere(self.device)
+        if switch is not None:
+            with switch:
+                return self.backward(dy, x, weight, needs)
         dy = _ready(dy)
         if len(self.chunks) > 1:
             parts = [self.parts[end - first].backward(dy[first:end], x[first:end], weight, needs)

@@ -15,7 +15,8 @@ import torch
 from .. import tuning
 from .. import machine
 from ..ops.avg_pool2d.gather import pooled_size
-from .common import FLOAT_DTYPES, PlanCache, aligned, building, record, refuse_double_backward, register_kernels
+from .common import (FLOAT_DTYPES, PlanCache, aligned, building, elsewhere, record, refuse_double_backward,
+                     register_kernels)
 from .pooling_algorithms import PoolingPass
 
 _PLANS = PlanCache()
@@ -71,7 +72,7 @@ class AvgPool2dPlan:
     def __init__(self, shape, dtype, device, kernel, stride, padding, ceil_mode, count_include_pad, divisor):
         B, C, H, W = shape
         OH, OW = _output_size(H, W, kernel, stride, padding, ceil_mode)
-        self.x_shape, self.y_shape = tuple(shape), (B, C, OH, OW)
+        self.x_shape, self.y_shape, self.device = tuple(shape), (B, C, OH, OW), device
         self.runs_kernels = B * C * OH * OW > 0 and device.type != "meta"
         on = machine.machine_of(device)
         window = (kernel, stride, padding, count_include_pad, divisor)
@@ -83,6 +84,10 @@ class AvgPool2dPlan:
     def run(self, direction, source):
         if not self.runs_kernels:
             return source.new_empty(self.out_shapes[direction])
+        switch = elsewhere(self.device)
+        if switch is not None:
+            with switch:
+                return self.run(direction, source)
         runner = self.runners.get(direction)
         if runner is None:
             return self._first(direction, source)

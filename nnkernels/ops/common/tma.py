@@ -1,25 +1,10 @@
 """What kernels that copy tiles with the tensor memory accelerator (TMA) need at launch.
 
 Their descriptors are made on the device (`tl.make_tensor_descriptor`), in a small global scratch
-buffer that Triton asks its allocator for at each launch; none is set by default. TMA copies need
-16-byte aligned bases and 16-byte multiples for every stride but the innermost.
+buffer that Triton asks its allocator for at each launch (`nnkernels.launcher.use_torch_scratch`). TMA
+copies need 16-byte aligned bases and 16-byte multiples for every stride but the innermost.
 """
 import torch
-import triton
-from triton.runtime import _allocation
-
-
-def _torch_scratch(size: int, alignment: int, stream):
-    # torch's allocations are 256-byte aligned and ordered on the current stream, as the launch is.
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def use_torch_scratch():
-    """Let Triton take descriptor scratch from torch's caching allocator, unless the caller (this
-    thread's context) has set an allocator of its own."""
-    current = getattr(_allocation, "_allocator", None)  # private: if Triton moves it, ours is set
-    if current is None or isinstance(current.get(), _allocation.NullAllocator):
-        triton.set_allocator(_torch_scratch)
 
 
 def check_tma_rows(name: str, channels: int, tensor: torch.Tensor):

@@ -13,13 +13,14 @@ import triton
 import triton.language as tl
 
 from ...kernel import kernel_object
+from ...launcher import use_torch_scratch
 from ..common.checks import check_grid_3d, check_numel
 from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 from .checks import check_conv_launch
 from ..common.host_math import cdiv
 from ..common.tensor_core import BF16X3_HELPERS, bf16x3_dot, bf16x3_total, conv_dot
 from ..common.tiles import zero_tiles
-from ..common.tma import check_tma_rows, use_torch_scratch
+from ..common.tma import check_tma_rows
 
 
 def conv2d_tma_dw_entry(k, a):

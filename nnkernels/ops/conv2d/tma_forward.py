@@ -15,12 +15,13 @@ import triton
 import triton.language as tl
 
 from ...kernel import kernel_object
+from ...launcher import use_torch_scratch
 from .channels_last import add_forward_bias, check_forward_k_slices, store_forward_tile
 from .checks import check_conv_launch
 from ..common.checks import check_grid_3d
 from ..common.host_math import cdiv
 from ..common.tensor_core import conv_dot
-from ..common.tma import check_tma_rows, use_torch_scratch
+from ..common.tma import check_tma_rows
 
 
 def conv2d_tma_forward_entry(k, a):
