@@ -11,6 +11,8 @@ In the interpreter, and while a launch hook is set (a profiler's), every call ta
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import triton
 from triton import knobs
@@ -33,35 +35,58 @@ def use_torch_scratch():
         triton.set_allocator(_torch_scratch)
 
 
+def _c_launch(run):
+    """Triton's C launch function behind `run` (a compiled kernel's launcher) where this Triton's launcher is the one
+    this module knows (Triton 3.6's: it only adds scratch buffers, which callers of this do not need), else None."""
+    params = list(inspect.signature(type(run).__call__).parameters)
+    known = params == ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
+    attrs = ("launch", "launch_cooperative_grid", "launch_pdl", "global_scratch_size", "profile_scratch_size")
+    return run.launch if known and all(hasattr(run, name) for name in attrs) else None
+
+
 class Launcher:
     """Call with a kernel object's launch arguments, in its documented order."""
 
-    __slots__ = ("kernel", "_run", "_grid", "_function", "_metadata", "_device", "_constants", "_stream", "_scratch")
+    __slots__ = ("kernel", "_go")
 
     def __init__(self, kernel):
         self.kernel = kernel
-        self._run = None
+        self._go = None
 
     def __call__(self, *args):
-        run = self._run
-        if run is None or knobs.runtime.launch_enter_hook is not None:
+        go = self._go
+        if go is None or knobs.runtime.launch_enter_hook is not None:
             return self._checked(args)
-        if self._scratch:
-            use_torch_scratch()
-        grid = self._grid
-        run(grid[0], grid[1], grid[2], self._stream(self._device), self._function, self._metadata, None, None, None,
-            *args, *self._constants)
+        go(*args)
 
     def _checked(self, args):
         grid, compiled = self.kernel.checked_launch(args)
         if compiled is None or INTERPRETED:
             return
-        device = next(value.device for value in args if hasattr(value, "device"))
-        self._grid = tuple(grid) + (1,) * (3 - len(grid))
-        self._function = compiled.function
-        self._metadata = compiled.packed_metadata
-        self._device = device.index
-        self._constants = self.kernel.constants_after_args
-        self._stream = driver.active.get_current_stream
-        self._scratch = getattr(compiled.metadata, "global_scratch_size", 0) > 0
-        self._run = compiled.run
+        self._go = _direct(compiled, tuple(grid) + (1,) * (3 - len(grid)),
+                           next(value.device for value in args if hasattr(value, "device")).index,
+                           self.kernel.constants_after_args)
+
+
+def _direct(compiled, grid, device, constants):
+    """A function that launches `compiled` over `grid` on the current stream of GPU `device`, its arguments then
+    `constants`, as Triton's JIT launches a kernel it has found: straight into Triton's C launcher where there is
+    no scratch to allocate, else through the compiled kernel's launcher (which allocates it)."""
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    stream = driver.active.get_current_stream
+    grid_x, grid_y, grid_z = grid
+    scratch = getattr(compiled.metadata, "global_scratch_size", 0) > 0
+    launch = _c_launch(run)
+    if launch is not None and not scratch and not run.profile_scratch_size:
+        cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
+
+        def go(*args):
+            launch(grid_x, grid_y, grid_z, stream(device), function, cooperative, pdl, None, None, metadata, None, None,
+                   None, *args, *constants)
+        return go
+
+    def go_through_launcher(*args):
+        if scratch:
+            use_torch_scratch()
+        run(grid_x, grid_y, grid_z, stream(device), function, metadata, None, None, None, *args, *constants)
+    return go_through_launcher
