@@ -28,7 +28,7 @@ from .. import machine
 from .batchnorm_algorithms import (F32, BatchNormProblem, eval_backward_kernels, eval_backward_runner,
                                    eval_forward_kernels, eval_forward_runner, train_backward_kernels,
                                    train_backward_runner, train_forward_kernels, train_forward_runner)
-from .common import (ALIGNMENT, FLOAT_DTYPES, PlanCache, aligned, building, elsewhere, record,
+from .common import (ALIGNMENT, FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, elsewhere, record,
                      refuse_double_backward, register_kernels)
 from .. import tuning
 
@@ -42,7 +42,7 @@ def _check(x, running_mean, running_var, weight, bias, training, momentum, eps):
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"x: expected float32, float16 or bfloat16, got {x.dtype}")
     if x.dim() < 2:
-        raise ValueError(f"x: expected at least 2 dimensions (B, C, ...), got shape {tuple(x.shape)}")
+        raise ArgumentError(f"x: expected at least 2 dimensions (B, C, ...), got shape {tuple(x.shape)}")
     C = x.shape[1]
     for name, tensor in (("weight", weight), ("bias", bias)):
         if tensor is None:
@@ -50,25 +50,25 @@ def _check(x, running_mean, running_var, weight, bias, training, momentum, eps):
         if not isinstance(tensor, torch.Tensor) or tensor.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name}: expected None or a float tensor, got {getattr(tensor, 'dtype', tensor)!r}")
         if tensor.shape != (C,):
-            raise ValueError(f"{name}: expected shape ({C},) for the {C} channels of x, got {tuple(tensor.shape)}")
+            raise ArgumentError(f"{name}: expected shape ({C},) for the {C} channels of x, got {tuple(tensor.shape)}")
         if tensor.device != x.device:
-            raise ValueError(f"{name}: expected a tensor on {x.device} like x, got {tensor.device}")
+            raise ArgumentError(f"{name}: expected a tensor on {x.device} like x, got {tensor.device}")
     if (running_mean is None) != (running_var is None):
-        raise ValueError("running_mean, running_var: expected both or neither, got only one")
+        raise ArgumentError("running_mean, running_var: expected both or neither, got only one")
     if running_mean is None and not training:
-        raise ValueError("running_mean: expected a tensor in evaluation mode (training=False), got None")
+        raise ArgumentError("running_mean: expected a tensor in evaluation mode (training=False), got None")
     for name, tensor in (("running_mean", running_mean), ("running_var", running_var)):
         if tensor is None:
             continue
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != F32:
-            raise ValueError(f"{name}: expected a float32 tensor, got {getattr(tensor, 'dtype', tensor)!r}")
+            raise ArgumentError(f"{name}: expected a float32 tensor, got {getattr(tensor, 'dtype', tensor)!r}")
         if tensor.shape != (C,):
-            raise ValueError(f"{name}: expected a float32 tensor of shape ({C},), got {tuple(tensor.shape)}")
+            raise ArgumentError(f"{name}: expected a float32 tensor of shape ({C},), got {tuple(tensor.shape)}")
         if not tensor.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous tensor (the kernels update it in place), got strides "
+            raise ArgumentError(f"{name}: expected a contiguous tensor (the kernels update it in place), got strides "
                              f"{tuple(tensor.stride())}")
         if tensor.device != x.device:
-            raise ValueError(f"{name}: expected a tensor on {x.device} like x, got {tensor.device}")
+            raise ArgumentError(f"{name}: expected a tensor on {x.device} like x, got {tensor.device}")
     if not isinstance(training, bool):
         raise TypeError(f"training: expected a bool, got {training!r}")
     if momentum is None:
@@ -76,11 +76,13 @@ def _check(x, running_mean, running_var, weight, bias, training, momentum, eps):
     if not isinstance(momentum, (int, float)) or isinstance(momentum, bool):
         raise TypeError(f"momentum: expected a float, got {momentum!r}")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
-        raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
+        raise ArgumentError(f"eps: expected a float >= 0, got {eps!r}")
+    if training and not eps > 0:  # batch statistics of a constant channel would divide by zero
+        raise ArgumentError(f"eps: expected a float > 0 in training, got {eps!r}")
     if training and x.numel() // max(C, 1) == 1:
-        raise ValueError(f"x: Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
+        raise ArgumentError(f"x: Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
     if any(size == 0 for size in x.shape[1:]):  # not min(): torch.compile's symbolic sizes take no default=
-        raise ValueError(f"x: expected non-empty channels and spatial sizes (the batch may be 0), got {tuple(x.shape)}")
+        raise ArgumentError(f"x: expected non-empty channels and spatial sizes (the batch may be 0), got {tuple(x.shape)}")
 
 
 def _info(tensor):
@@ -255,7 +257,8 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
     if torch.compiler.is_compiling():
         return _traced(x, running_mean, running_var, weight, bias, training, momentum, eps)
     plan = _plan(x, weight, bias, running_mean, running_var, training)
-    if type(eps) is not float or type(momentum) is not float or type(training) is not bool or not eps >= 0:
+    if type(eps) is not float or type(momentum) is not float or type(training) is not bool or not (
+            eps > 0 if training else eps >= 0):
         _check(x, running_mean, running_var, weight, bias, training, momentum, eps)
         eps, momentum = float(eps), float(momentum)
     if x.shape[0] == 0:

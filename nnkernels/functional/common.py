@@ -17,6 +17,13 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ALIGNMENT = 16
 
 log = logging.getLogger("nnkernels")
+
+
+class ArgumentError(ValueError, RuntimeError):
+    """An argument the op cannot take (a shape, channel count, device or value that disagrees): a ValueError, and a
+    RuntimeError too, since torch.nn.functional raises RuntimeError for the same mistakes and code written against
+    torch catches that."""
+
 # One lock for building plans: a build may tune, and tuning times kernels best with nothing else launching.
 _BUILDING = threading.RLock()
 _CACHES: list["PlanCache"] = []

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .. import machine
 from ..ops.common.layout import channels_last_kernel, channels_last_tiles
-from .common import (FLOAT_DTYPES, PlanCache, building, elsewhere, record, refuse_double_backward,
+from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, building, elsewhere, record, refuse_double_backward,
                      register_kernels)
 from .conv_algorithms import dw_pass, dx_pass, forward_pass
 from .conv_problem import Problem, output_size, tf32_products
@@ -53,9 +53,9 @@ def _string_padding(x, weight, padding, dilation, stride):
     if padding == "valid":
         return x, (0, 0)
     if padding != "same":
-        raise ValueError(f"padding: expected 'valid', 'same', an int or a pair of ints, got {padding!r}")
+        raise ArgumentError(f"padding: expected 'valid', 'same', an int or a pair of ints, got {padding!r}")
     if stride != (1, 1):
-        raise ValueError(f"padding: 'same' is not supported for strided convolutions (stride={stride})")
+        raise ArgumentError(f"padding: 'same' is not supported for strided convolutions (stride={stride})")
     if not isinstance(weight, Tensor):
         raise TypeError(f"weight: expected a torch.Tensor, got {type(weight).__name__}")
     totals = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
@@ -74,46 +74,46 @@ def _check(x, weight, bias, stride, padding, dilation, groups):
     if bias is not None and not isinstance(bias, Tensor):
         raise TypeError(f"bias: expected a torch.Tensor or None, got {type(bias).__name__}")
     if x.dim() not in (3, 4):
-        raise ValueError(f"input: expected a 3-D (unbatched) or 4-D (batched) tensor, got shape {tuple(x.shape)}")
+        raise ArgumentError(f"input: expected a 3-D (unbatched) or 4-D (batched) tensor, got shape {tuple(x.shape)}")
     if weight.dim() != 4:
-        raise ValueError(f"weight: expected a 4-D tensor [C_OUT, C_IN/groups, KH, KW], got shape {tuple(weight.shape)}")
+        raise ArgumentError(f"weight: expected a 4-D tensor [C_OUT, C_IN/groups, KH, KW], got shape {tuple(weight.shape)}")
     tensors = [("input", x), ("weight", weight)] + ([("bias", bias)] if bias is not None else [])
     for name, tensor in tensors:
         if tensor.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name}: expected float32, float16 or bfloat16, got {tensor.dtype}")
         if tensor.dtype != x.dtype:
-            raise ValueError(f"{name}: expected dtype {x.dtype} like input, got {tensor.dtype}")
+            raise ArgumentError(f"{name}: expected dtype {x.dtype} like input, got {tensor.dtype}")
         if tensor.device != x.device:
-            raise ValueError(f"{name}: expected a tensor on {x.device} like input, got {tensor.device}")
+            raise ArgumentError(f"{name}: expected a tensor on {x.device} like input, got {tensor.device}")
     if type(groups) is not int or groups < 1:
-        raise ValueError(f"groups: expected a positive int, got {groups!r}")
+        raise ArgumentError(f"groups: expected a positive int, got {groups!r}")
     batch, c_in, height, width = x.shape if x.dim() == 4 else (1, *x.shape)
     c_out, cin_per_group, kh, kw = weight.shape
     if c_out % groups:
-        raise ValueError(f"groups: {groups} does not divide the weight's {c_out} output channels")
+        raise ArgumentError(f"groups: {groups} does not divide the weight's {c_out} output channels")
     if c_in % groups:
-        raise ValueError(f"groups: {groups} does not divide the input's {c_in} channels")
+        raise ArgumentError(f"groups: {groups} does not divide the input's {c_in} channels")
     if cin_per_group * groups != c_in:
-        raise ValueError(f"input: expected {cin_per_group * groups} channels (weight's {cin_per_group} per group x "
+        raise ArgumentError(f"input: expected {cin_per_group * groups} channels (weight's {cin_per_group} per group x "
                          f"groups={groups}), got {c_in}")
     if bias is not None and tuple(bias.shape) != (c_out,):
-        raise ValueError(f"bias: expected shape ({c_out},), got {tuple(bias.shape)}")
+        raise ArgumentError(f"bias: expected shape ({c_out},), got {tuple(bias.shape)}")
     if min(x.shape[-3:]) < 1 or min(weight.shape) < 1:
-        raise ValueError(f"input/weight: expected non-empty tensors (the batch may be 0), got {tuple(x.shape)} and "
+        raise ArgumentError(f"input/weight: expected non-empty tensors (the batch may be 0), got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
     for name, values, low in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
         if min(values) < low:
-            raise ValueError(f"{name}: expected values >= {low}, got {tuple(values)}")
+            raise ArgumentError(f"{name}: expected values >= {low}, got {tuple(values)}")
     for axis, size, kernel, pad, dil in (("height", height, kh, padding[0], dilation[0]),
                                          ("width", width, kw, padding[1], dilation[1])):
         span = dil * (kernel - 1) + 1
         if size + 2 * pad < span:
-            raise ValueError(f"weight: kernel {axis} {kernel} (dilated to {span}) is larger than the padded input "
+            raise ArgumentError(f"weight: kernel {axis} {kernel} (dilated to {span}) is larger than the padded input "
                              f"{axis} {size} + 2*{pad} = {size + 2 * pad}")
     out_pixels = (output_size(height, kh, stride[0], padding[0], dilation[0])
                   * output_size(width, kw, stride[1], padding[1], dilation[1]))
     if c_in * height * width >= INT32_LIMIT or weight.numel() >= INT32_LIMIT or c_out * out_pixels >= INT32_LIMIT:
-        raise ValueError("input: one image (C_IN*H*W), one output image (C_OUT*OH*OW) and the weight must each "
+        raise ArgumentError("input: one image (C_IN*H*W), one output image (C_OUT*OH*OW) and the weight must each "
                          "hold fewer than 2**31 elements")
 
 
@@ -159,7 +159,7 @@ class Conv2dPlan:
                         output_size(x_shape[3], w_shape[3], stride[1], padding[1], dilation[1]))
         # A plan runs no kernel for an empty batch or on meta tensors: it only allocates.
         self.runs_kernels = x_shape[0] > 0 and device.type != "meta"
-        self.tf32 = tf32_products(dtype)
+        self.tf32 = tf32_products(dtype, device.type)
         pixels = max(x_shape[2] * x_shape[3], self.y_shape[2] * self.y_shape[3])
         self.chunks = _batch_chunks(x_shape[0], pixels) if self.runs_kernels else [(0, x_shape[0])]
         self.parts = {}
@@ -465,7 +465,8 @@ for _device_type in _AUTOCAST_DEVICES:
 def _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return Problem(x_shape, weight_shape, _pair(stride, "stride"), _pair(padding, "padding"),
-                   _pair(dilation, "dilation"), groups, dtype, bias, machine.machine_of(device), device=device)
+                   _pair(dilation, "dilation"), groups, dtype, bias, machine.machine_of(device),
+                   tf32=tf32_products(dtype, device.type), device=device)
 
 
 def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype=torch.float32,

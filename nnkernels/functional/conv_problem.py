@@ -45,8 +45,8 @@ def winograd_fits(batch, height, width, channels):
 
 
 def tf32_products(dtype, device_type="cuda"):
-    """TF32 products for fp32 where cuDNN would use them (on the GPU, when `cudnn.allow_tf32`); 16-bit types
-    always take the tensor-core path."""
+    """TF32 products for fp32 where torch would use them: on the GPU when `cudnn.allow_tf32` (torch's CPU
+    convolution is IEEE fp32 always); 16-bit types always take the tensor-core path."""
     return dtype != torch.float32 or (device_type == "cuda" and bool(torch.backends.cudnn.allow_tf32))
 
 

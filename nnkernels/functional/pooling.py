@@ -15,8 +15,8 @@ import torch
 from .. import tuning
 from .. import machine
 from ..ops.avg_pool2d.gather import pooled_size
-from .common import (FLOAT_DTYPES, PlanCache, aligned, building, elsewhere, record, refuse_double_backward,
-                     register_kernels)
+from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, elsewhere, record,
+                     refuse_double_backward, register_kernels)
 from .pooling_algorithms import PoolingPass
 
 _PLANS = PlanCache()
@@ -28,7 +28,7 @@ def _pair(value, name, *, lowest):
     if pair is None or len(pair) != 2 or any(not isinstance(v, int) or isinstance(v, bool) for v in pair):
         raise TypeError(f"{name}: expected an int or a pair of ints, got {value!r}")
     if min(pair) < lowest:
-        raise ValueError(f"{name}: expected values >= {lowest}, got {value!r}")
+        raise ArgumentError(f"{name}: expected values >= {lowest}, got {value!r}")
     return pair
 
 
@@ -49,15 +49,15 @@ def _check(x, kernel, strides, pads, ceil_mode, count_include_pad, divisor_overr
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"x: expected float32, float16 or bfloat16, got {x.dtype}")
     if x.dim() not in (3, 4):
-        raise ValueError(f"x: expected a 3-D (C, H, W) or 4-D (B, C, H, W) tensor, got shape {tuple(x.shape)}")
+        raise ArgumentError(f"x: expected a 3-D (C, H, W) or 4-D (B, C, H, W) tensor, got shape {tuple(x.shape)}")
     if any(2 * p > k for p, k in zip(pads, kernel)):
-        raise ValueError(f"padding: expected at most half of kernel_size {tuple(kernel)}, got {tuple(pads)}")
+        raise ArgumentError(f"padding: expected at most half of kernel_size {tuple(kernel)}, got {tuple(pads)}")
     if divisor_override is not None and (
             not isinstance(divisor_override, int) or isinstance(divisor_override, bool) or divisor_override < 1):
-        raise ValueError(f"divisor_override: expected None or a positive int, got {divisor_override!r}")
+        raise ArgumentError(f"divisor_override: expected None or a positive int, got {divisor_override!r}")
     H, W = x.shape[-2:]
     if H + 2 * pads[0] < kernel[0] or W + 2 * pads[1] < kernel[1]:
-        raise ValueError(f"x: padded input {H + 2 * pads[0]}x{W + 2 * pads[1]} is smaller than kernel_size "
+        raise ArgumentError(f"x: padded input {H + 2 * pads[0]}x{W + 2 * pads[1]} is smaller than kernel_size "
                          f"{tuple(kernel)}")
 
 
