@@ -85,8 +85,15 @@ def _conv2d_options(conv: torch.nn.Conv2d) -> tuple:
     return tuple(conv.padding)
 
 
-class Conv2d(torch.nn.Conv2d):
-    """`torch.nn.Conv2d` running `nnkernels.functional.conv` (only padding_mode='zeros')."""
+class _Named:
+    """`print(model)` names nnkernels' layers as such: nnkernels.Conv2d(...) beside torch's Conv2d(...)."""
+
+    def _get_name(self):
+        return f"nnkernels.{type(self).__name__}"
+
+
+class Conv2d(_Named, torch.nn.Conv2d):
+    """`torch.nn.Conv2d` running `nnkernels.functional.conv2d` (only padding_mode='zeros')."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -113,8 +120,8 @@ class Conv2d(torch.nn.Conv2d):
             )
 
 
-class AvgPool2d(torch.nn.AvgPool2d):
-    """`torch.nn.AvgPool2d` running `nnkernels.functional.pooling`; pools in the input's dtype."""
+class AvgPool2d(_Named, torch.nn.AvgPool2d):
+    """`torch.nn.AvgPool2d` running `nnkernels.functional.avg_pool2d`; pools in the input's dtype."""
 
     def forward(self, input):
         try:
@@ -125,8 +132,8 @@ class AvgPool2d(torch.nn.AvgPool2d):
             raise
 
 
-class BatchNorm2d(torch.nn.BatchNorm2d):
-    """`torch.nn.BatchNorm2d` running `nnkernels.functional.batchnorm`.
+class BatchNorm2d(_Named, torch.nn.BatchNorm2d):
+    """`torch.nn.BatchNorm2d` running `nnkernels.functional.batch_norm`.
 
     Same semantics as torch's: batch statistics in training (running statistics updated in
     place, cumulative average when momentum is None), running statistics in eval; fp16/bf16
