@@ -6,7 +6,9 @@ compiled (the interpreter takes the first guess, which there means few, large pr
 switched off (`NNKERNELS_TUNE=off`), and the current CUDA stream is not capturing a graph (timing would break
 the capture). Choices are remembered in memory and in `$NNKERNELS_CACHE_DIR/tuning.json` (default
 `~/.cache/nnkernels/tuning.json`), keyed by the kind, the shape, the GPU, the Triton version and a hash of the
-library's kernel sources, so each shape is tuned once per machine and again after a kernel changes.
+library's kernel sources, so each shape is tuned once per machine and again after a kernel changes. Where
+neither holds a choice, the table shipped with the package (`nnkernels/tuned.json`, the same keys, made from
+tuning runs on the GPUs the project measures by `tools/ship_tuning.py`) answers before any timing.
 
 Cost bound: candidates are tried in order and no new one is started once TUNING_BUDGET_S have passed since
 `choose` began on this kind and shape. `NNKERNELS_TUNE=quick` (the default) tries the first QUICK_CANDIDATES,
@@ -70,6 +72,15 @@ def _read(path: Path) -> dict:
         _log.warning("tuning: ignoring %s, which holds no tuning choices", path)
         return {}
     return stored
+
+
+SHIPPED_TABLE = Path(__file__).with_name("tuned.json")
+
+
+@functools.cache
+def _shipped() -> dict:
+    """The choices shipped with the package (empty where there is no table or it cannot be read)."""
+    return _read(SHIPPED_TABLE) if SHIPPED_TABLE.exists() else {}
 
 
 def _stored() -> dict:
@@ -142,6 +153,8 @@ def _remembered(kind, key, decode):
     with _lock:
         stored = _stored().get(full_key)
     if stored is None:
+        stored = _shipped().get(full_key)
+    if stored is None:
         return None, full_key
     try:
         return decode(stored), full_key
@@ -150,6 +163,7 @@ def _remembered(kind, key, decode):
                      error)
         with _lock:
             _stored().pop(full_key, None)
+            _shipped().pop(full_key, None)
         return None, full_key
 
 
@@ -162,8 +176,8 @@ def _too_big(error) -> bool:
 def choose(kind: str, key, candidates: Callable[[], list], run, decode):
     """The choice to run `kind` with on shape `key` (see the module docstring).
 
-    `candidates()` lists the choices, the best guess first; it is called only where no remembered choice
-    answers. `run(choice)` must run the pass on the real tensors with `choice`; it is called only while tuning.
+    `candidates()` lists the choices, the best guess first; a remembered choice must be one of them (a cache edited
+    by hand is not trusted). `run(choice)` must run the pass on the real tensors with `choice`; it is called only while tuning.
     `decode(stored)` turns a stored dict (`dataclasses.asdict` of a choice) back into the choice."""
     if INTERPRETED or mode() == "off":
         return candidates()[0]
@@ -174,11 +188,14 @@ def choose(kind: str, key, candidates: Callable[[], list], run, decode):
     if chosen is not None:
         return chosen
     chosen, full_key = _remembered(kind, key, decode)
+    listed = candidates()
+    if chosen is not None and chosen not in listed:  # an edited or foreign entry: never trusted
+        _log.warning("tuning: ignoring the stored choice for %s %s, which is not one of its candidates", kind, key)
+        chosen = None
     if chosen is not None:
         with _lock:
             _chosen[chosen_key] = chosen
         return chosen
-    listed = candidates()
     best_guess = listed[0]
     if len(listed) == 1 or torch.cuda.is_current_stream_capturing():
         return best_guess
@@ -209,4 +226,4 @@ def peek(kind: str, key, candidates: list, decode):
     if INTERPRETED or len(candidates) == 1 or mode() == "off":
         return candidates[0]
     chosen, _ = _remembered(kind, key, decode)
-    return chosen if chosen is not None else candidates[0]
+    return chosen if chosen in candidates else candidates[0]

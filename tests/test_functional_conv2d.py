@@ -247,10 +247,8 @@ def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning, "_memory", None)  # a new process: read back from the file
     ran.clear()
 
-    def unlisted():  # an eager loop's every call: building the GPU's lists costs more than the launch
-        raise AssertionError("a remembered choice should not list the candidates")
-
-    assert tuning.choose("conv", (1, 2), unlisted, ran.append, lambda d: Tile(**d)) == candidates[1] and not ran
+    assert tuning.choose("conv", (1, 2), lambda: candidates, ran.append, lambda d: Tile(**d)) == candidates[1]
+    assert not ran  # remembered: nothing timed
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert tuning.choose("conv", (9,), lambda: candidates, ran.append, lambda d: Tile(**d)) == candidates[0] and not ran
 
@@ -265,6 +263,34 @@ def gpu_tuning(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning, "_chosen", {})
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(tuning, "_time_ms", lambda run, config: float(config.block_m))
+
+
+def test_the_shipped_table_answers_first_and_no_table_entry_or_cache_entry_is_trusted_blindly(gpu_tuning, tmp_path,
+                                                                                               monkeypatch, caplog):
+    """A choice shipped with the package answers a shape no cache holds, without timing; a shipped table that is
+    not JSON is ignored with one warning; a stored choice that is not among the candidates (edited by hand, or from
+    another version) is ignored and the shape tuned again."""
+    monkeypatch.setattr(tuning, "_full_key", lambda kind, key: f"{kind}|{key}")
+    candidates, ran = [Tile(64), Tile(32), Tile(16)], []
+    table = tmp_path / "tuned.json"
+    table.write_text(json.dumps({"conv|(7,)": {"block_m": 32, "fails": False}}))
+    monkeypatch.setattr(tuning, "SHIPPED_TABLE", table)
+    tuning._shipped.cache_clear()
+    try:
+        assert tuning.choose("conv", (7,), lambda: candidates, ran.append, lambda d: Tile(**d)) == Tile(32)
+        assert not ran
+        table.write_text("{ truncated")
+        tuning._shipped.cache_clear()
+        with caplog.at_level("WARNING", logger="nnkernels"):
+            assert tuning.choose("conv", (8,), lambda: candidates, ran.append, lambda d: Tile(**d)) == Tile(16)
+        assert any("tuned.json" in r.getMessage() for r in caplog.records)
+        (tmp_path / "tuning.json").write_text(json.dumps({"conv|(9,)": {"block_m": 48, "fails": False}}))
+        monkeypatch.setattr(tuning, "_memory", None)
+        ran.clear()
+        assert tuning.choose("conv", (9,), lambda: candidates, ran.append, lambda d: Tile(**d)) == Tile(16)
+        assert ran  # tuned again
+    finally:
+        tuning._shipped.cache_clear()
 
 
 def test_a_config_that_runs_out_of_memory_drops_out(gpu_tuning):

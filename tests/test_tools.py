@@ -1,5 +1,6 @@
 """tools/: the parts that run without a GPU."""
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -52,3 +53,16 @@ def test_kernel_sass_counts_opcodes_of_a_compiled_kernel():
     count, regs = re.fullmatch(r"(\d+) instructions, (\d+) registers per thread", report[1]).groups()
     assert int(count) > 0 and int(regs) > 0
     assert "LDG" in report[2] and "STG" in report[2]  # the partial rows read, dw written
+
+
+def test_ship_tuning_keeps_the_current_kernels_choices_only(tmp_path):
+    from nnkernels import tuning
+
+    tool = _tool("ship_tuning")
+    current = f"|kernels {tuning.kernels_fingerprint()}|{tuning.CHOICES_FORMAT}"
+    cache = tmp_path / "tuning.json"
+    cache.write_text(json.dumps({"conv2d_dw|(1,)|NVIDIA H200|triton 3.6.0" + current: {"algorithm": "tma_dw"},
+                                 "conv2d_dw|(1,)|NVIDIA H200|triton 3.6.0|kernels 0123|choices 2": {"x": 1}}))
+    into = tmp_path / "tuned.json"
+    assert tool.main([str(cache), "--into", str(into)]).endswith("1 choices")
+    assert list(json.loads(into.read_text())) == ["conv2d_dw|(1,)|NVIDIA H200|triton 3.6.0" + current]

@@ -121,7 +121,7 @@ class BatchNormPlan:
         return runner(*args)
 
     def _first(self, step, args):
-        with building():
+        with building("batch_norm", step, self.problem.shape):
             if step not in self.runners:
                 self.runners[step], self.ids[step] = _tuned(self.problem, step, args)
         return self.run(step, *args)

@@ -6,9 +6,11 @@ and every later call with that signature runs; `PlanCache` holds an op's plans.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
+import time
 
 import torch
 
@@ -26,6 +28,8 @@ class ArgumentError(ValueError, RuntimeError):
 
 # One lock for building plans: a build may tune, and tuning times kernels best with nothing else launching.
 _BUILDING = threading.RLock()
+SLOW_BUILD_S = 2.0
+_slow_builds = 0
 _CACHES: list["PlanCache"] = []
 # op name -> the kernel classes it launches (`nnkernels list`); op name -> {step: kernel ids} of its latest calls
 KERNELS: dict[str, tuple] = {}
@@ -98,9 +102,22 @@ class PlanCache:
         self._plans.clear()
 
 
-def building():
-    """The lock a plan holds while it makes a choice on its first call (a context manager)."""
-    return _BUILDING
+@contextlib.contextmanager
+def building(op: str, step: str, shape):
+    """Held while a plan makes its choices for `step` on its first call (compiling kernels, tuning on the GPU):
+    one lock for all ops, and one log line where that takes longer than SLOW_BUILD_S, at WARNING level the first
+    time in a process (so that a user sees what the wait was), at INFO after."""
+    global _slow_builds
+    began = time.perf_counter()
+    with _BUILDING:
+        yield
+    took = time.perf_counter() - began
+    if took > SLOW_BUILD_S:
+        level = logging.WARNING if not _slow_builds else logging.INFO
+        _slow_builds += 1
+        log.log(level, "nnkernels: %s %s of %s: %.1f s to compile and tune, once per shape%s", op, step,
+                "x".join(map(str, shape)), took, " (nnkernels.warmup(model, inputs) does it ahead of training)"
+                if level == logging.WARNING else "")
 
 
 def clear_plans():

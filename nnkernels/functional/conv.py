@@ -199,7 +199,7 @@ class Conv2dPlan:
         return run(x, weight, bias)
 
     def _first_forward(self, x, weight, bias):
-        with building():
+        with building("conv2d", "forward", self.x_shape):
             if self._forward is None:
                 _, self._forward, self._forward_ids = _tuned(forward_pass(self.problem(self.has_bias)),
                                                              lambda run: run(x, weight, bias))
@@ -229,7 +229,7 @@ class Conv2dPlan:
         return run(dy, x, weight)
 
     def _first_backward(self, dy, x, weight, needs):
-        with building():
+        with building("conv2d", "backward", self.x_shape):
             if needs not in self._backward:
                 self._backward[needs] = _backward_runner(self.problem(needs[2]), needs, dy, x, weight)
         return self.backward(dy, x, weight, needs)

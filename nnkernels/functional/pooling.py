@@ -95,7 +95,7 @@ class AvgPool2dPlan:
         return runner(source)
 
     def _first(self, direction, source):
-        with building():
+        with building("avg_pool2d", direction, self.x_shape):
             if direction not in self.runners:
                 pass_, out_shape, runners = self.passes[direction], self.out_shapes[direction], {}
 
