@@ -21,7 +21,7 @@ from ..ops.batch_norm.train import (BatchNorm2dPartialGradSums, BatchNorm2dParti
                                     BatchNorm2dTrainBackwardFused, BatchNorm2dTrainForwardFused,
                                     BatchNorm2dTrainNormalize, BatchNorm2dUpdateRunningStats)
 from ..ops.common.host_math import cdiv, next_power_of_2
-from .common import kernel
+from .common import allocator, kernel
 
 F32 = torch.float32
 # How one launch cuts the work: split plans use block_b, block_hw and the chunk fields; grouped plans use
@@ -211,14 +211,14 @@ def train_forward_runner(problem, config, update_running):
     them). weight and bias are fp32."""
     B, C, HW = problem.dims
     launches = [Launcher(k) for k in train_forward_kernels(problem, config, update_running)]
-    shape, dtype, device = problem.shape, problem.dtype, problem.device
+    shape, new, new_f32 = problem.shape, allocator(problem.dtype, problem.device), allocator(F32, problem.device)
     if problem.fused:
         fused = launches[0]
         channels = config.channels
 
         def run(x, weight, bias, running_mean, running_var, eps, momentum):
-            y = torch.empty(shape, dtype=dtype, device=device)
-            mean, rstd, var_unbiased = (torch.empty(C, dtype=F32, device=device) for _ in range(3))
+            y = new(*shape)
+            mean, rstd, var_unbiased = (new_f32(C) for _ in range(3))
             # Without running statistics the kernel never reads its running pointers: mean and var_unbiased stand in.
             old = (running_mean, running_var) if update_running else (mean, var_unbiased)
             fused(x, y, weight, bias, mean, rstd, var_unbiased, *old, *old, B, C, HW, channels, eps, momentum)
@@ -231,10 +231,10 @@ def train_forward_runner(problem, config, update_running):
     partials, chunks, tiles_per_chunk = C * plan.num_chunks, plan.num_chunks, plan.tiles_per_chunk
 
     def run_split(x, weight, bias, running_mean, running_var, eps, momentum):
-        count, partial_mean, partial_m2 = (torch.empty(partials, dtype=F32, device=device) for _ in range(3))
+        count, partial_mean, partial_m2 = (new_f32(partials) for _ in range(3))
         stats(x, count, partial_mean, partial_m2, B, C, HW, tiles_per_chunk)
-        y = torch.empty(shape, dtype=dtype, device=device)
-        mean, rstd, var_unbiased = (torch.empty(C, dtype=F32, device=device) for _ in range(3))
+        y = new(*shape)
+        mean, rstd, var_unbiased = (new_f32(C) for _ in range(3))
         normalize(x, y, weight, bias, count, partial_mean, partial_m2, mean, rstd, var_unbiased, B, C, HW, chunks,
                   tiles_per_chunk, eps)
         if update is not None:
@@ -259,13 +259,13 @@ def train_backward_runner(problem, config):
     """run(dy, x, weight, mean, rstd) -> (dx, dweight, dbias), the parameter gradients in fp32."""
     B, C, HW = problem.dims
     launches = [Launcher(k) for k in train_backward_kernels(problem, config)]
-    shape, dtype, device = problem.shape, problem.dtype, problem.device
+    shape, new, new_f32 = problem.shape, allocator(problem.dtype, problem.device), allocator(F32, problem.device)
     if problem.fused:
         fused, channels = launches[0], config.channels
 
         def run(dy, x, weight, mean, rstd):
-            dx = torch.empty(shape, dtype=dtype, device=device)
-            dweight, dbias = torch.empty(C, dtype=F32, device=device), torch.empty(C, dtype=F32, device=device)
+            dx = new(*shape)
+            dweight, dbias = new_f32(C), new_f32(C)
             fused(dy, x, dx, weight, mean, rstd, dweight, dbias, B, C, HW, channels)
             return dx, dweight, dbias
 
@@ -275,11 +275,10 @@ def train_backward_runner(problem, config):
     partials, chunks, tiles_per_chunk = C * plan.num_chunks, plan.num_chunks, plan.tiles_per_chunk
 
     def run_split(dy, x, weight, mean, rstd):
-        sum_dy, sum_dy_xmu = torch.empty(partials, dtype=F32, device=device), torch.empty(partials, dtype=F32,
-                                                                                          device=device)
+        sum_dy, sum_dy_xmu = new_f32(partials), new_f32(partials)
         sums(dy, x, mean, sum_dy, sum_dy_xmu, B, C, HW, tiles_per_chunk)
-        dx = torch.empty(shape, dtype=dtype, device=device)
-        dweight, dbias = torch.empty(C, dtype=F32, device=device), torch.empty(C, dtype=F32, device=device)
+        dx = new(*shape)
+        dweight, dbias = new_f32(C), new_f32(C)
         dx_pass(dy, x, dx, weight, mean, rstd, sum_dy, sum_dy_xmu, dweight, dbias, B, C, HW, chunks, tiles_per_chunk)
         return dx, dweight, dbias
 
@@ -303,11 +302,11 @@ def eval_forward_runner(problem, config):
     """run(x, weight, bias, running_mean, running_var, eps) -> y."""
     B, C, HW = problem.dims
     launch = Launcher(eval_forward_kernels(problem, config)[0])
-    shape, dtype, device = problem.shape, problem.dtype, problem.device
+    shape, new = problem.shape, allocator(problem.dtype, problem.device)
     last = config.channels if problem.fused else _eval_plan(problem).tiles_per_chunk  # CHANNELS or TILES_PER_CHUNK
 
     def run(x, weight, bias, running_mean, running_var, eps):
-        y = torch.empty(shape, dtype=dtype, device=device)
+        y = new(*shape)
         launch(x, y, weight, bias, running_mean, running_var, B, C, HW, last, eps)
         return y
 
@@ -330,13 +329,13 @@ def eval_backward_runner(problem, config):
     """run(dy, x, weight, running_mean, running_var, eps) -> (dx, dweight, dbias), the parameter gradients in fp32."""
     B, C, HW = problem.dims
     launches = [Launcher(k) for k in eval_backward_kernels(problem, config)]
-    shape, dtype, device = problem.shape, problem.dtype, problem.device
+    shape, new, new_f32 = problem.shape, allocator(problem.dtype, problem.device), allocator(F32, problem.device)
     if problem.fused:
         fused, channels = launches[0], config.channels
 
         def run(dy, x, weight, running_mean, running_var, eps):
-            dx = torch.empty(shape, dtype=dtype, device=device)
-            dweight, dbias = torch.empty(C, dtype=F32, device=device), torch.empty(C, dtype=F32, device=device)
+            dx = new(*shape)
+            dweight, dbias = new_f32(C), new_f32(C)
             fused(dy, x, dx, weight, running_mean, running_var, dweight, dbias, B, C, HW, channels, eps)
             return dx, dweight, dbias
 
@@ -346,13 +345,13 @@ def eval_backward_runner(problem, config):
     total = launches[1] if chunks > 1 else None
 
     def run_split(dy, x, weight, running_mean, running_var, eps):
-        dx = torch.empty(shape, dtype=dtype, device=device)
-        dweight, dbias = torch.empty(C, dtype=F32, device=device), torch.empty(C, dtype=F32, device=device)
+        dx = new(*shape)
+        dweight, dbias = new_f32(C), new_f32(C)
         if total is None:
             backward(dy, x, dx, weight, running_mean, running_var, dweight, dbias, B, C, HW, tiles_per_chunk, eps)
             return dx, dweight, dbias
-        partial_dweight = torch.empty(C * chunks, dtype=F32, device=device)
-        partial_dbias = torch.empty(C * chunks, dtype=F32, device=device)
+        partial_dweight = new_f32(C * chunks)
+        partial_dbias = new_f32(C * chunks)
         backward(dy, x, dx, weight, running_mean, running_var, partial_dweight, partial_dbias, B, C, HW,
                  tiles_per_chunk, eps)
         total(partial_dweight, partial_dbias, dweight, dbias, C, chunks)
@@ -383,3 +382,93 @@ class BatchNormProblem:
 
     def kind(self, step):
         return f"batch_norm_{step}_{'grouped' if self.fused else 'split'}"
+
+
+# ---- runners of the synchronised training passes (`sync_batchnorm`): the split kernels with the partials
+# exchanged between them, whatever the size of a channel ----
+
+def _padded_length(n):
+    """n rounded up to whole 16-byte groups of fp32: rows of one buffer that all start aligned."""
+    return cdiv(n, 4) * 4
+
+
+def sync_statistics_kernels(problem, config):
+    plan = _split_plan(problem, config)
+    return [kernel(BatchNorm2dPartialStats, plan.block_b, plan.block_hw, dtype=problem.dtype,
+                   num_warps=config.num_warps)]
+
+
+def sync_statistics_runner(problem, config):
+    """(run(x, partials), chunks): run writes x's per-chunk count, mean (of x - x[0, c, 0]) and M2 into rows 0, 1 and
+    2 of `partials`, fp32 [3 or more, >= C*chunks], as [C, chunks] each (BatchNorm2dPartialStats)."""
+    B, C, HW = problem.dims
+    plan = _split_plan(problem, config)
+    stats = Launcher(sync_statistics_kernels(problem, config)[0])
+    length, tiles_per_chunk = C * plan.num_chunks, plan.tiles_per_chunk
+
+    def run(x, partials):
+        stats(x, partials[0, :length], partials[1, :length], partials[2, :length], B, C, HW, tiles_per_chunk)
+
+    return run, plan.num_chunks
+
+
+def sync_backward_kernels(problem, config):
+    plan = _split_plan(problem, config)
+    kernels = [kernel(BatchNorm2dPartialGradSums, plan.block_b, plan.block_hw, dtype=problem.dtype,
+                      num_warps=config.num_warps),
+               kernel(BatchNorm2dTrainBackwardDx, plan.block_b, plan.block_hw, 1, dtype=problem.dtype,
+                      num_warps=config.num_warps)]
+    if plan.num_chunks > 1:
+        kernels.append(kernel(BatchNorm2dSumPartials, max(1, 4096 // plan.block_partials), plan.block_partials,
+                              dtype=problem.dtype))
+    return kernels
+
+
+def sync_backward_runners(problem, config):
+    """(sums(dy, x, mean, local), dx(dy, x, weight, mean, rstd, sum_dy, sum_dy_xmu) -> dx).
+
+    sums writes this rank's per-channel sum of dy into local[0, :C] and of dy * (x - mean) into local[1, :C]
+    (fp32, partials per chunk summed in a fixed order). dx takes the sums over every rank, each already scaled by
+    B*HW / N (N the count over every rank): BatchNorm2dTrainBackwardDx, given them as one partial per channel,
+    divides by this rank's own count B*HW, so it divides by N. Its dweight and dbias go to scratch."""
+    B, C, HW = problem.dims
+    plan = _split_plan(problem, config)
+    launches = [Launcher(k) for k in sync_backward_kernels(problem, config)]
+    sums, dx_pass = launches[:2]
+    total = launches[2] if plan.num_chunks > 1 else None
+    chunks, tiles_per_chunk = plan.num_chunks, plan.tiles_per_chunk
+    shape, dtype, device = problem.shape, problem.dtype, problem.device
+    scratch = torch.empty(2, _padded_length(C), dtype=F32, device=device)  # written by dx_pass, never read
+    partials = _padded_length(C * chunks)
+
+    def run_sums(dy, x, mean, local):
+        if total is None:
+            sums(dy, x, mean, local[0, :C], local[1, :C], B, C, HW, tiles_per_chunk)
+            return
+        partial = torch.empty(2, partials, dtype=F32, device=device)
+        sum_dy, sum_dy_xmu = partial[0, :C * chunks], partial[1, :C * chunks]
+        sums(dy, x, mean, sum_dy, sum_dy_xmu, B, C, HW, tiles_per_chunk)
+        total(sum_dy_xmu, sum_dy, local[1, :C], local[0, :C], C, chunks)
+
+    def run_dx(dy, x, weight, mean, rstd, sum_dy, sum_dy_xmu):
+        dx = torch.empty(shape, dtype=dtype, device=device)
+        dx_pass(dy, x, dx, weight, mean, rstd, sum_dy, sum_dy_xmu, scratch[1, :C], scratch[0, :C], B, C, HW, 1,
+                tiles_per_chunk)
+        return dx
+
+    return run_sums, run_dx
+
+
+def running_stats_update_kernel(C):
+    return kernel(BatchNorm2dUpdateRunningStats, min(1024, next_power_of_2(C)), dtype=F32)
+
+
+def running_stats_update_runner(C):
+    """run(running_mean, running_var, mean, var_unbiased, momentum): torch's update of the running statistics, in
+    place (BatchNorm2dUpdateRunningStats)."""
+    update = Launcher(running_stats_update_kernel(C))
+
+    def run(running_mean, running_var, mean, var_unbiased, momentum):
+        update(running_mean, running_var, mean, var_unbiased, C, momentum)
+
+    return run

@@ -74,6 +74,12 @@ def elsewhere(device: torch.device):
     return torch.cuda.device(device)
 
 
+def allocator(dtype: torch.dtype, device: torch.device):
+    """`new(*shape)`: an uninitialised tensor of `dtype` on `device`, as `torch.empty` makes it; a template's
+    `new_empty` with the sizes as arguments takes half the host time of `torch.empty(shape, dtype=, device=)`."""
+    return torch.empty(0, dtype=dtype, device=device).new_empty
+
+
 def aligned(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor`, or a copy of it where its data is not ALIGNMENT-byte aligned (a view at an odd offset)."""
     return tensor if tensor.data_ptr() % ALIGNMENT == 0 else tensor.clone()

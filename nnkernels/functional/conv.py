@@ -290,7 +290,7 @@ def _backward_runner(p, needs, dy, x, weight):
             dw_run = _bias_only(dw_run)
     copy_dy = None
     if len(reads) == 2 and all(reads):
-        copy_dy = channels_last_copy(p.y_shape, p.dtype)
+        copy_dy = channels_last_copy(p.y_shape, p.dtype, p.device)
         ids = [channels_last_kernel(*channels_last_tiles(p.C_OUT, p.OH * p.OW), p.dtype).id] + ids
     return _BackwardRunner(dx_run, dw_run, copy_dy, p.device, ids)
 

@@ -1,12 +1,12 @@
 """Layout copies the convolution algorithms make, as factories a plan calls once per signature: each returns a
 function that allocates the copy and launches its kernel (a `Launcher`) on every call.
 
-- `channels_last_copy(shape, dtype)`: t -> t.permute(0, 2, 3, 1).contiguous() for [N, C, H, W] (`ChannelsLastCopy`,
-  a tile transpose, bit for bit torch's copy);
-- `channels_first_copy(shape, dtype)`: [N, H, W, C] -> [N, C, H, W], the same transpose the other way;
-- `channels_last_pair_copy(x_shape, w_shape, dtype)`: a convolution's input and weight in one launch;
-- `subsample_copy(shape, stride, dtype)`: t[:, :, ::s_h, ::s_w].contiguous(), and `subsample_adjoint(...)`, its
-  adjoint (zeros off the lattice).
+- `channels_last_copy(shape, dtype, device)`: t -> t.permute(0, 2, 3, 1).contiguous() for [N, C, H, W]
+  (`ChannelsLastCopy`, a tile transpose, bit for bit torch's copy);
+- `channels_first_copy(shape, dtype, device)`: [N, H, W, C] -> [N, C, H, W], the same transpose the other way;
+- `channels_last_pair_copy(x_shape, w_shape, dtype, device)`: a convolution's input and weight in one launch;
+- `subsample_copy(shape, stride, dtype, device)`: t[:, :, ::s_h, ::s_w].contiguous(), and
+  `subsample_adjoint(...)`, its adjoint (zeros off the lattice).
 `channels_last(t)`, `channels_first(t)`, `channels_last_pair(x, w)`, `subsample(t, stride)` and
 `subsample_backward(grad, shape, stride)` make the same copies once, with every argument checked.
 """
@@ -18,48 +18,49 @@ import torch
 
 from ..kernel import DTYPE_NAMES
 from ..launcher import Launcher
+from .common import allocator
 from ..ops.common.layout import channels_last_kernel, channels_last_pair_kernel, channels_last_tiles
 from ..ops.conv2d.subsample import Subsample2dBackward, Subsample2dForward, subsample_tiles
 
 
-def _transpose_copy(images, rows, cols, out_shape, dtype):
+def _transpose_copy(images, rows, cols, out_shape, dtype, device):
     """t as [images, rows, cols] -> [images, cols, rows], returned with `out_shape`."""
+    new = allocator(dtype, device)
     if not images * rows * cols:
-        return lambda t: torch.empty(out_shape, dtype=dtype, device=t.device)
+        return lambda t: new(*out_shape)
     launch = Launcher(channels_last_kernel(*channels_last_tiles(rows, cols), dtype))
 
     def copy(t):
-        y = torch.empty(out_shape, dtype=dtype, device=t.device)
+        y = new(*out_shape)
         launch(t, y, images, rows, cols)
         return y
 
     return copy
 
 
-def channels_last_copy(shape, dtype):
+def channels_last_copy(shape, dtype, device):
     n, c, h, w = shape
-    return _transpose_copy(n, c, h * w, (n, h, w, c), dtype)
+    return _transpose_copy(n, c, h * w, (n, h, w, c), dtype, device)
 
 
-def channels_first_copy(shape, dtype):
+def channels_first_copy(shape, dtype, device):
     n, h, w, c = shape
-    return _transpose_copy(n, h * w, c, (n, c, h, w), dtype)
+    return _transpose_copy(n, h * w, c, (n, c, h, w), dtype, device)
 
 
-def channels_last_pair_copy(x_shape, w_shape, dtype):
+def channels_last_pair_copy(x_shape, w_shape, dtype, device):
     """(x, weight) -> (channels-last x, channels-last weight), in one launch of `ChannelsLastCopyPair`."""
     n, c, h, w = x_shape
     c_out, c_in, kh, kw = w_shape
     if not (n * c * h * w and c_out * c_in * kh * kw):
-        copy_x, copy_w = channels_last_copy(x_shape, dtype), channels_last_copy(w_shape, dtype)
+        copy_x, copy_w = channels_last_copy(x_shape, dtype, device), channels_last_copy(w_shape, dtype, device)
         return lambda x, weight: (copy_x(x), copy_w(weight))
     launch = Launcher(channels_last_pair_kernel(channels_last_tiles(c, h * w), channels_last_tiles(c_in, kh * kw),
                                                 dtype))
-    x_cl_shape, w_cl_shape = (n, h, w, c), (c_out, kh, kw, c_in)
+    new, x_cl_shape, w_cl_shape = allocator(dtype, device), (n, h, w, c), (c_out, kh, kw, c_in)
 
     def copy(x, weight):
-        x_cl = torch.empty(x_cl_shape, dtype=dtype, device=x.device)
-        weight_cl = torch.empty(w_cl_shape, dtype=dtype, device=x.device)
+        x_cl, weight_cl = new(*x_cl_shape), new(*w_cl_shape)
         launch(x, x_cl, n, c, h * w, weight, weight_cl, c_out, c_in, kh * kw)
         return x_cl, weight_cl
 
@@ -71,33 +72,34 @@ def _subsample_kernel(cls, stride, plane, dtype):
     return cls(*stride, *subsample_tiles(plane), dtype=dtype)
 
 
-def subsample_copy(shape, stride, dtype):
+def subsample_copy(shape, stride, dtype, device):
     n, c, h, w = shape
     oh, ow = -(-h // stride[0]), -(-w // stride[1])
-    out_shape = (n, c, oh, ow)
+    out_shape, new = (n, c, oh, ow), allocator(dtype, device)
     if not n * c * h * w:
-        return lambda t: torch.empty(out_shape, dtype=dtype, device=t.device)
+        return lambda t: new(*out_shape)
     launch = Launcher(_subsample_kernel(Subsample2dForward, tuple(stride), oh * ow, dtype))
 
     def copy(t):
-        y = torch.empty(out_shape, dtype=dtype, device=t.device)
+        y = new(*out_shape)
         launch(t, y, n * c, h, w, oh, ow)
         return y
 
     return copy
 
 
-def subsample_adjoint(grad_shape, shape, stride, dtype):
+def subsample_adjoint(grad_shape, shape, stride, dtype, device):
     """grad [N, C, OH, OW] -> [N, C, H, W] with grad at every stride-th pixel and zeros elsewhere
     (`Subsample2dBackward` writes every element once)."""
     n, c, h, w = shape
+    new = allocator(dtype, device)
     if not n * c * h * w:
-        return lambda grad: torch.empty(shape, dtype=dtype, device=grad.device)
+        return lambda grad: new(*shape)
     launch = Launcher(_subsample_kernel(Subsample2dBackward, tuple(stride), h * w, dtype))
     sizes = (n * c, h, w, *grad_shape[2:])
 
     def spread(grad):
-        x = torch.empty(shape, dtype=dtype, device=grad.device)
+        x = new(*shape)
         launch(grad, x, *sizes)
         return x
 
@@ -118,13 +120,13 @@ def _check(t, name="t"):
 def channels_last(t):
     """`t.permute(0, 2, 3, 1).contiguous()` for a contiguous [N, C, H, W] tensor."""
     _check(t)
-    return channels_last_copy(t.shape, t.dtype)(t)
+    return channels_last_copy(t.shape, t.dtype, t.device)(t)
 
 
 def channels_first(t):
     """`t.permute(0, 3, 1, 2).contiguous()` for a contiguous [N, H, W, C] tensor."""
     _check(t)
-    return channels_first_copy(t.shape, t.dtype)(t)
+    return channels_first_copy(t.shape, t.dtype, t.device)(t)
 
 
 def channels_last_pair(x, weight):
@@ -133,16 +135,16 @@ def channels_last_pair(x, weight):
     _check(weight, "weight")
     if weight.dtype != x.dtype:
         raise ValueError(f"weight: expected dtype {x.dtype} like x, got {weight.dtype}")
-    return channels_last_pair_copy(x.shape, weight.shape, x.dtype)(x, weight)
+    return channels_last_pair_copy(x.shape, weight.shape, x.dtype, x.device)(x, weight)
 
 
 def subsample(t, stride):
     """`t[:, :, ::stride[0], ::stride[1]].contiguous()` for a contiguous [N, C, H, W] tensor."""
     _check(t)
-    return subsample_copy(t.shape, stride, t.dtype)(t)
+    return subsample_copy(t.shape, stride, t.dtype, t.device)(t)
 
 
 def subsample_backward(grad, shape, stride):
     """The gradient of `subsample` for an input of `shape`."""
     _check(grad, "grad")
-    return subsample_adjoint(grad.shape, shape, stride, grad.dtype)(grad)
+    return subsample_adjoint(grad.shape, shape, stride, grad.dtype, grad.device)(grad)

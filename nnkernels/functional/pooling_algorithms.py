@@ -9,15 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-import torch
-
 from ..launcher import Launcher
 from ..ops.avg_pool2d.gather import (AvgPool2dGatherBackward, AvgPool2dGatherForward, contiguous_row_align,
                                      row_align, uniform_divisor)
 from ..ops.avg_pool2d.lanes import (AvgPool2dLanesBackward, AvgPool2dLanesForward, backward_lane_widths,
                                     backward_lanes, backward_src_vec, forward_lane_widths, forward_lanes)
 from ..ops.common.host_math import cdiv, next_power_of_2
-from .common import kernel
+from .common import allocator, kernel
 
 INTERPRETER_TILE = 2**16
 
@@ -152,10 +150,10 @@ class PoolingPass:
 
     def runner(self, config, out_shape):
         """run(source) -> out: the forward's y from x, or the backward's dx from dy (every config writes all of it)."""
-        launch, sizes, dtype, device = Launcher(self.kernel(config)), self.sizes, self.dtype, self.device
+        launch, sizes, new = Launcher(self.kernel(config)), self.sizes, allocator(self.dtype, self.device)
 
         def run(source):
-            out = torch.empty(out_shape, dtype=dtype, device=device)
+            out = new(*out_shape)
             launch(source, out, *sizes)
             return out
 

@@ -15,6 +15,7 @@ from ...launcher import Launcher
 from ...ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward
 from ...ops.conv2d.channels_last_dx import Conv2dGemmClDx
 from ..layout import channels_first_copy, channels_last_copy, channels_last_pair_copy
+from ..common import allocator
 from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, pow2_dividing, register
 from .implicit_gemm import gemm_candidates
 from .partials import dw_split, reduce_kernel, split_sum_kernel, split_weight_gradient
@@ -111,7 +112,7 @@ def dx_forward_weight(p):
     taps not flipped (the kernels read them in reverse: FLIP_TAPS): weight as [1, C_OUT, C_IN*KH*KW, 1] made
     channels-last by the tile transpose (torch's permuted copy is slow: its c_out runs lie C_IN*KH*KW apart)."""
     c_out, c_in, rows = p.C_IN, p.C_OUT, p.C_OUT * p.KH * p.KW  # the convolution's own weight: [C_OUT, C_IN, KH, KW]
-    copy, shape = channels_last_copy((1, c_out, rows, 1), p.dtype), (c_in, p.KH, p.KW, c_out)
+    copy, shape = channels_last_copy((1, c_out, rows, 1), p.dtype, p.device), (c_in, p.KH, p.KW, c_out)
     return lambda weight: copy(weight.reshape(1, c_out, rows, 1)).reshape(shape)
 
 
@@ -123,14 +124,15 @@ def forward_runner(p, kernels, split):
     conv, *rest = (Launcher(k) for k in kernels)
     shape, dtype, sizes, device, c_out = p.y_shape, p.dtype, p.sizes, p.device, p.C_OUT
     numel = p.B * p.C_OUT * p.OH * p.OW
-    no_partials = torch.empty(0, dtype=torch.float32, device=device)
+    new, new_f32 = allocator(dtype, device), allocator(torch.float32, device)
+    no_partials = new_f32(0)
     if p.flip_taps:
-        copy_x, transposed = channels_last_copy(p.x_shape, dtype), dx_forward_weight(p)
+        copy_x, transposed = channels_last_copy(p.x_shape, dtype, device), dx_forward_weight(p)
 
         def inputs(x, weight, x_cl):
             return (x_cl if x_cl is not None else copy_x(x)), transposed(weight)
     else:
-        pair = channels_last_pair_copy(p.x_shape, p.w_shape, dtype)
+        pair = channels_last_pair_copy(p.x_shape, p.w_shape, dtype, device)
 
         def inputs(x, weight, x_cl):
             return pair(x, weight)
@@ -138,7 +140,7 @@ def forward_runner(p, kernels, split):
     if split == 1:
         def run(x, weight, bias, x_cl=None):
             x_in, w_in = inputs(x, weight, x_cl)
-            y = torch.empty(shape, dtype=dtype, device=device)
+            y = new(*shape)
             conv(x_in, w_in, y if bias is None else bias, y, no_partials, *sizes)
             return y
 
@@ -147,8 +149,8 @@ def forward_runner(p, kernels, split):
 
     def run_split(x, weight, bias, x_cl=None):
         x_in, w_in = inputs(x, weight, x_cl)
-        y = torch.empty(shape, dtype=dtype, device=device)
-        partial = torch.empty(split, numel, dtype=torch.float32, device=device)
+        y = new(*shape)
+        partial = new_f32(split, numel)
         conv(x_in, w_in, y if bias is None else bias, y, partial, *sizes)
         total(partial, y, y, split, numel, c_out)
         return y
@@ -197,15 +199,15 @@ class ClDx(Algorithm):
 
     def runner(self, p, config):
         launch = Launcher(self.kernels(p, config)[0])
-        copy_dy = channels_last_copy(p.y_shape, p.dtype)
+        copy_dy = channels_last_copy(p.y_shape, p.dtype, p.device)
         nhwc = (p.B, p.H, p.W, p.C_IN)
         written_shape = nhwc if p.dx_nhwc else p.x_shape
-        to_nchw = channels_first_copy(nhwc, p.dtype) if p.dx_nhwc else None
-        sizes, device = p.sizes, p.device
+        to_nchw = channels_first_copy(nhwc, p.dtype, p.device) if p.dx_nhwc else None
+        sizes, new = p.sizes, allocator(p.dtype, p.device)
 
         def run(dy, weight, dy_cl):
             w_t = weight.permute(2, 3, 1, 0).contiguous()  # [KH, KW, C_IN, C_OUT]: tiny
-            written = torch.empty(written_shape, dtype=p.dtype, device=device)
+            written = new(*written_shape)
             launch(dy_cl if dy_cl is not None else copy_dy(dy), w_t, written, *sizes)
             return to_nchw(written) if to_nchw is not None else written
 
@@ -234,7 +236,7 @@ class ClDw(Algorithm):
 
 def channels_last_operands(p):
     """(dy, x, dy_cl) -> (channels-last dy, channels-last x): the operands of the channels-last and TMA dw kernels."""
-    copy_dy, copy_x = channels_last_copy(p.y_shape, p.dtype), channels_last_copy(p.x_shape, p.dtype)
+    copy_dy, copy_x = (channels_last_copy(shape, p.dtype, p.device) for shape in (p.y_shape, p.x_shape))
     return lambda dy, x, dy_cl: (dy_cl if dy_cl is not None else copy_dy(dy), copy_x(x))
 
 

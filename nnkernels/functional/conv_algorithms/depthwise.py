@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from ...launcher import Launcher
 from ...ops.conv2d.depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward, gather_columns_fit
+from ..common import allocator
 from .base import Algorithm, clamp_pow2, make_kernel, pow2_at_least, register
 from .partials import reduce_kernel, split_weight_gradient
 
@@ -84,11 +83,12 @@ class DepthwiseForward(_Depthwise):
         return [_kernel(p, Conv2dDepthwiseForward, (p.has_bias,), tile, _gather_columns(p, tile))]
 
     def runner(self, p, tile):
+        new = allocator(p.dtype, p.device)
         launch = Launcher(self.kernels(p, tile)[0])
-        shape, sizes, dtype = p.y_shape, p.launch_sizes, p.dtype
+        shape, sizes = p.y_shape, p.launch_sizes
 
         def run(x, weight, bias):
-            y = torch.empty(shape, dtype=dtype, device=x.device)
+            y = new(*shape)
             launch(x, weight, y if bias is None else bias, y, *sizes)
             return y
 
@@ -105,11 +105,12 @@ class DepthwiseDx(_Depthwise):
         return [_kernel(p, Conv2dDepthwiseDx, (), tile)]
 
     def runner(self, p, tile):
+        new = allocator(p.dtype, p.device)
         launch = Launcher(self.kernels(p, tile)[0])
-        shape, sizes, dtype = p.x_shape, p.launch_sizes, p.dtype
+        shape, sizes = p.x_shape, p.launch_sizes
 
         def run(dy, weight, dy_cl):
-            dx = torch.empty(shape, dtype=dtype, device=dy.device)
+            dx = new(*shape)
             launch(dy, weight, dx, *sizes)
             return dx
 

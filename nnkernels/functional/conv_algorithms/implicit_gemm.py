@@ -8,6 +8,7 @@ from ...launcher import Launcher
 from ...ops.conv2d.gemm_dw import Conv2dGemmDw
 from ...ops.conv2d.gemm_dx import Conv2dGemmDx
 from ...ops.conv2d.gemm_forward import Conv2dGemmForward
+from ..common import allocator
 from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, register
 from .partials import dw_split, reduce_kernel, split_weight_gradient
 
@@ -76,11 +77,12 @@ class GemmForward(_Anywhere):
         return [make_kernel(Conv2dGemmForward, constants, p, config)]
 
     def runner(self, p, config):
+        new = allocator(p.dtype, p.device)
         launch = Launcher(self.kernels(p, config)[0])
-        shape, dtype, sizes = p.y_shape, p.dtype, p.sizes
+        shape, sizes = p.y_shape, p.sizes
 
         def run(x, weight, bias):
-            y = torch.empty(shape, dtype=dtype, device=x.device)
+            y = new(*shape)
             launch(x, weight, y if bias is None else bias, y, *sizes)
             return y
 
@@ -99,11 +101,12 @@ class GemmDx(_Anywhere):
         return [make_kernel(Conv2dGemmDx, constants, p, config)]
 
     def runner(self, p, config):
+        new = allocator(p.dtype, p.device)
         launch = Launcher(self.kernels(p, config)[0])
-        shape, dtype, sizes = p.x_shape, p.dtype, p.sizes
+        shape, sizes = p.x_shape, p.sizes
 
         def run(dy, weight, dy_cl):
-            dx = torch.empty(shape, dtype=dtype, device=dy.device)
+            dx = new(*shape)
             launch(dy, weight, dx, *sizes)
             return dx
 

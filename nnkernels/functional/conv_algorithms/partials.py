@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...ops.conv2d.partials import Conv2dDwReduce, dw_partial_size
+from ..common import allocator
 from .base import clamp_pow2, make_kernel, pow2_at_least
 
 REDUCE_TILE = 8192  # fp32 values one reduce program loads at once: 64 per thread of its 4 warps
@@ -50,11 +51,13 @@ def split_weight_gradient(p, split, product, reduce, sizes, operands):
     row, with_bias = partial_row(p, p.has_bias), p.has_bias
     w_shape, dtype, c_out, n_dw = p.w_shape, p.dtype, p.C_OUT, p.C_OUT * p.cin_per_group * p.KH * p.KW
 
+    new, new_f32 = allocator(dtype, p.device), allocator(torch.float32, p.device)
+
     def run(dy, x, dy_cl):
-        partial = torch.empty(split, row, dtype=torch.float32, device=x.device)
+        partial = new_f32(split, row)
         product(*operands(dy, x, dy_cl), partial, *sizes, split)
-        dw = torch.empty(w_shape, dtype=dtype, device=x.device)
-        dbias = torch.empty(c_out, dtype=dtype, device=x.device) if with_bias else None
+        dw = new(*w_shape)
+        dbias = new(c_out) if with_bias else None
         reduce(partial, dw, dw if dbias is None else dbias, split, n_dw, c_out)
         return dw, dbias
 

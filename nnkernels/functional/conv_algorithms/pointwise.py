@@ -8,6 +8,7 @@ import torch
 from ...launcher import Launcher
 from ...ops.conv2d.pointwise import Conv2dPointwise, Conv2dPointwiseDw
 from ..layout import subsample_adjoint, subsample_copy
+from ..common import allocator
 from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, register
 from .partials import reduce_kernel, split_weight_gradient
 
@@ -110,13 +111,14 @@ class PointwiseForward(_Pointwise):
         return [product_kernel(p, config, p.has_bias)]
 
     def runner(self, p, config):
+        new = allocator(p.dtype, p.device)
         launch = Launcher(self.kernels(p, config)[0])
-        subsample = subsample_copy(p.x_shape, p.stride, p.dtype) if p.subsampled else None
-        shape, dtype, sizes = p.y_shape, p.dtype, (p.B, p.C_IN, p.C_OUT, p.OH * p.OW)
+        subsample = subsample_copy(p.x_shape, p.stride, p.dtype, p.device) if p.subsampled else None
+        shape, sizes = p.y_shape, (p.B, p.C_IN, p.C_OUT, p.OH * p.OW)
 
         def run(x, weight, bias):
             x_in = subsample(x) if subsample is not None else x
-            y = torch.empty(shape, dtype=dtype, device=x.device)
+            y = new(*shape)
             launch(x_in, weight, y if bias is None else bias, y, *sizes)
             return y
 
@@ -135,14 +137,15 @@ class PointwiseDx(_Pointwise):
         return [product_kernel(p, config, False)]
 
     def runner(self, p, config):
+        new = allocator(p.dtype, p.device)
         launch = Launcher(self.kernels(p, config)[0])
-        written_shape, dtype, sizes = (p.B, p.C_IN, p.OH, p.OW), p.dtype, (p.B, p.C_OUT, p.C_IN, p.OH * p.OW)
-        spread = subsample_adjoint(written_shape, p.x_shape, p.stride, p.dtype) if p.subsampled else None
+        written_shape, sizes = (p.B, p.C_IN, p.OH, p.OW), (p.B, p.C_OUT, p.C_IN, p.OH * p.OW)
+        spread = subsample_adjoint(written_shape, p.x_shape, p.stride, p.dtype, p.device) if p.subsampled else None
         c_out, c_in = p.C_OUT, p.C_IN
 
         def run(dy, weight, dy_cl):
             weight_t = weight.reshape(c_out, c_in).t().contiguous()  # [C_IN, C_OUT]: tiny
-            written = torch.empty(written_shape, dtype=dtype, device=dy.device)
+            written = new(*written_shape)
             launch(dy, weight_t, written, written, *sizes)
             return spread(written) if spread is not None else written
 
@@ -160,7 +163,7 @@ class PointwiseDw(_Pointwise):
 
     def runner(self, p, config):
         product, reduce = (Launcher(k) for k in self.kernels(p, config))
-        subsample = subsample_copy(p.x_shape, p.stride, p.dtype) if p.subsampled else None
+        subsample = subsample_copy(p.x_shape, p.stride, p.dtype, p.device) if p.subsampled else None
         return split_weight_gradient(p, config.split, product, reduce, (p.B, p.C_IN, p.C_OUT, p.OH * p.OW),
                                      lambda dy, x, dy_cl: (dy, subsample(x) if subsample is not None else x))
 

@@ -6,6 +6,7 @@ import torch
 
 from ...launcher import Launcher
 from ...ops.conv2d.rows_forward import Conv2dRowsForward
+from ..common import allocator
 from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, register
 
 
@@ -45,11 +46,12 @@ class RowsForward(Algorithm):
         return [make_kernel(Conv2dRowsForward, constants, p, config)]
 
     def runner(self, p, config):
+        new = allocator(p.dtype, p.device)
         launch = Launcher(self.kernels(p, config)[0])
-        shape, dtype, sizes, device = p.y_shape, p.dtype, p.sizes, p.device
+        shape, sizes = p.y_shape, p.sizes
 
         def run(x, weight, bias):
-            y = torch.empty(shape, dtype=dtype, device=device)
+            y = new(*shape)
             launch(x, weight, y if bias is None else bias, y, *sizes)
             return y
 

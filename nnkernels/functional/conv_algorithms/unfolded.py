@@ -13,6 +13,7 @@ import torch
 from ...launcher import Launcher
 from ...ops.conv2d.pointwise import Conv2dPointwiseFp32Out
 from ..unfold import fold_kernel, folder, unfold_copy, unfold_kernel
+from ..common import allocator
 from .base import Algorithm, GemmConfig, clamp_pow2, register
 from .partials import partial_row, reduce_kernel
 from .pointwise import pointwise_candidates, pointwise_dw_candidates, product_kernel, weight_product_kernel
@@ -70,13 +71,13 @@ class UnfoldedDx(Algorithm):
             parts.append((first, end, Launcher(product),
                           folder((end - first, p.C_IN, p.H, p.W), p.geometry, out_size, p.dtype)))
         c_out, rows, pixels, device = p.C_OUT, p.unfolded_rows, p.OH * p.OW, p.device
-        shape, dtype = p.x_shape, p.dtype
+        shape, new, new_f32 = p.x_shape, allocator(p.dtype, device), allocator(torch.float32, device)
 
         def run(dy, weight, dy_cl):
             weight_t = weight.reshape(c_out, rows).t().contiguous()  # [C_IN*KH*KW, C_OUT]: tiny
-            dx = torch.empty(shape, dtype=dtype, device=device)
+            dx = new(*shape)
             for first, end, launch, fold in parts:
-                columns = torch.empty(end - first, rows, *out_size, dtype=torch.float32, device=device)
+                columns = new_f32(end - first, rows, *out_size)
                 launch(dy[first:end], weight_t, columns, end - first, c_out, rows, pixels)
                 fold(columns, dx[first:end])
             return dx
@@ -111,23 +112,24 @@ class UnfoldedDw(Algorithm):
         parts = []
         for first, end in slices:
             images = end - first
-            columns = unfold_copy((images, p.C_IN, p.H, p.W), p.geometry, out_size, p.dtype, rows_outer)
-            grad_rows = (unfold_copy((images, p.C_OUT, p.OH, p.OW), ROWS_OUTER_COPY, out_size, p.dtype, True)
+            columns = unfold_copy((images, p.C_IN, p.H, p.W), p.geometry, out_size, p.dtype, p.device, rows_outer)
+            grad_rows = (unfold_copy((images, p.C_OUT, p.OH, p.OW), ROWS_OUTER_COPY, out_size, p.dtype, p.device, True)
                          if rows_outer else None)
             sizes = (1, images * plane) if rows_outer else (images, plane)
             parts.append((first, end, columns, grad_rows, sizes, Launcher(product_kernel_)))
         row, with_bias, c_out, rows = partial_row(p, p.has_bias), p.has_bias, p.C_OUT, p.unfolded_rows
         w_shape, dtype, device, n_dw = p.w_shape, p.dtype, p.device, p.C_OUT * p.cin_per_group * p.KH * p.KW
         total_rows = len(slices) * split
+        new, new_f32 = allocator(dtype, device), allocator(torch.float32, device)
 
         def run(dy, x, dy_cl):
-            partial = torch.empty(total_rows, row, dtype=torch.float32, device=device)
+            partial = new_f32(total_rows, row)
             for index, (first, end, columns, grad_rows, (images, pixels), launch) in enumerate(parts):
                 dy_part = dy[first:end]
                 launch(grad_rows(dy_part) if grad_rows is not None else dy_part, columns(x[first:end]),
                        partial[index * split:(index + 1) * split], images, rows, c_out, pixels, split)
-            dw = torch.empty(w_shape, dtype=dtype, device=device)
-            dbias = torch.empty(c_out, dtype=dtype, device=device) if with_bias else None
+            dw = new(*w_shape)
+            dbias = new(c_out) if with_bias else None
             reduce(partial, dw, dw if dbias is None else dbias, total_rows, n_dw, c_out)
             return dw, dbias
 

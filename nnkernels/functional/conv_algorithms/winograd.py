@@ -15,6 +15,7 @@ from ...launcher import Launcher
 from ...ops.conv2d.winograd_products import Conv2dWinogradDwFinish, Conv2dWinogradProducts, products_row_size
 from ...ops.conv2d.winograd_transforms import (POINTS, Conv2dWinogradDy, Conv2dWinogradInput, Conv2dWinogradOutput,
                                                Conv2dWinogradWeight, tiles_of)
+from ..common import allocator
 from ..common import kernel as cached_kernel
 from .base import Algorithm, GemmConfig, clamp_pow2, register
 from .partials import dw_split
@@ -95,15 +96,16 @@ class WinogradForward(Algorithm):
         batch, channels, height, width, rows = p.B, p.C_IN, p.H, p.W, p.C_OUT
         tiles, device, shape = tiles_of(batch, height, width), p.device, p.y_shape
         weight_sizes = (p.C_IN, p.C_OUT) if p.flip_taps else (p.C_OUT, p.C_IN)
+        new = allocator(torch.float32, device)
 
         def run(x, weight, bias, x_cl=None):
-            v = torch.empty(POINTS, rows, channels, dtype=torch.float32, device=device)
+            v = new(POINTS, rows, channels)
             weight_transform(weight, v, *weight_sizes)
-            u = torch.empty(POINTS, tiles, channels, dtype=torch.float32, device=device)
+            u = new(POINTS, tiles, channels)
             input_transform(x, u, batch, channels, height, width)
-            m = torch.empty(POINTS, rows, tiles, dtype=torch.float32, device=device)
+            m = new(POINTS, rows, tiles)
             products(v, u, m, rows, tiles, channels, 1)
-            y = torch.empty(shape, dtype=torch.float32, device=device)
+            y = new(*shape)
             output_transform(m, y if bias is None else bias, y, batch, rows, height, width)
             return y
 
@@ -133,17 +135,17 @@ class WinogradDw(Algorithm):
         input_transform, dy_transform, products, finish = (Launcher(k) for k in self.kernels(p, config))
         batch, c_in, c_out, height, width, split = p.B, p.C_IN, p.C_OUT, p.H, p.W, config.split
         tiles, device, w_shape, with_bias = tiles_of(batch, height, width), p.device, p.w_shape, p.has_bias
-        row = products_row_size(c_out, c_in, with_bias)
+        row, new = products_row_size(c_out, c_in, with_bias), allocator(torch.float32, device)
 
         def run(dy, x, dy_cl):
-            u = torch.empty(POINTS, c_in, tiles, dtype=torch.float32, device=device)
+            u = new(POINTS, c_in, tiles)
             input_transform(x, u, batch, c_in, height, width)
-            d = torch.empty(POINTS, c_out, tiles, dtype=torch.float32, device=device)
+            d = new(POINTS, c_out, tiles)
             dy_transform(dy, d, batch, c_out, height, width)
-            partial = torch.empty(split, row, dtype=torch.float32, device=device)
+            partial = new(split, row)
             products(d, u, partial, c_out, c_in, tiles, split)
-            dw = torch.empty(w_shape, dtype=torch.float32, device=device)
-            dbias = torch.empty(c_out, dtype=torch.float32, device=device) if with_bias else None
+            dw = new(*w_shape)
+            dbias = new(c_out) if with_bias else None
             finish(partial, dw, dw if dbias is None else dbias, split, c_out, c_in)
             return dw, dbias
 
