@@ -14,7 +14,7 @@ from nnkernels.functional import batchnorm_algorithms as algorithms
 from nnkernels.machine import Machine
 from nnkernels.ops.batch_norm.eval import BatchNorm2dEvalBackwardGrouped, BatchNorm2dEvalForwardGrouped
 from nnkernels.ops.batch_norm.train import BatchNorm2dTrainBackwardFused, BatchNorm2dTrainForwardFused
-from support import DTYPES, GPU, INTERPRETED, assert_close, dtype_id, poisoned, randn
+from support import DTYPES, GPU, INTERPRETED, assert_close, dtype_id, force_choice, poisoned, randn
 
 STATS_TOL = 2e-5  # fp32 per-channel results, as in test_batch_norm_train
 
@@ -97,8 +97,10 @@ def test_fused_kernels_match_float64(dtype, shape):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_functional_training_updates_running_stats_like_pytorch(dtype, monkeypatch):
-    """nnkernels.batch_norm with 4 channels per program over C = 10 (the last program holds 2), 7x7."""
+    """nnkernels.batch_norm with 4 channels per program over C = 10 (the last program holds 2), 7x7: the plan's
+    first guess, which tuning would otherwise replace on the GPU."""
     monkeypatch.setattr(algorithms, "tile_plan", functools.partial(algorithms.tile_plan, channels=4))
+    force_choice(monkeypatch, 0)
     B, C, H, W = 2, 10, 7, 7
     x = (randn(B, C, H, W) - 1).to(dtype).requires_grad_()
     weight, bias = randn(C).requires_grad_(), randn(C).requires_grad_()
@@ -188,7 +190,8 @@ def test_every_candidate_config_is_correct_and_leaves_running_stats_updated_once
         y64.backward(dy.double())
         references[training] = (y64, *(t.grad for t in leaves64), *stats64)
     first = algorithms.grouped_candidates(B, C, HW, dtype.itemsize, tested)
-    assert len({c.channels for c in first}) >= 4, first
+    # several channel counts, one of which leaves the last program ragged
+    assert len({c.channels for c in first}) >= 3 and any(C % c.channels for c in first), first
     seen = {}
     for index in range(len(first)):
         def pick(kind, key, candidates, run, decode, i=index):

@@ -160,43 +160,54 @@ def test_bad_input_names_the_argument(make, error, match):
         conv2d(x, w, **options)
 
 
+LAYOUT_COPIES = ("channels_last_copy", "subsample2d")
+
+
+def products(*args, **options):
+    """`kernels_for` without the layout copies."""
+    return [k for k in kernels_for(*args, **options) if not k.startswith(LAYOUT_COPIES)]
+
+
 def test_kernels_for_names_the_choice():
     depthwise = kernels_for((2, 8, 6, 6), (8, 1, 3, 3), groups=8)
     assert depthwise[0].startswith("conv2d_depthwise_forward") and depthwise[2].startswith("conv2d_depthwise_dw")
     gemm = kernels_for((2, 24, 6, 6), (16, 24, 3, 3), padding=1, bias=True, dtype=torch.bfloat16)
-    # 24 input channels: forward and dw on NCHW; 16 output channels: dx from a channels-last dy.
-    assert [k.split("__")[0] for k in gemm] == ["conv2d_gemm_forward", "conv2d_gemm_cl_dx", "conv2d_gemm_dw",
-                                               "conv2d_dw_reduce"]
+    # 24 input channels: forward and dw on NCHW; 16 output channels: dx from a channels-last copy of dy.
+    assert [k.split("__")[0] for k in gemm] == ["conv2d_gemm_forward", "channels_last_copy", "conv2d_gemm_cl_dx",
+                                               "conv2d_gemm_dw", "conv2d_dw_reduce"]
     assert all("__bf16__" in k for k in gemm)
     # At most 4 input channels and 32x32 outputs or more (the RGB stem), the backward: 1x1 products of the
     # unfolded input, dx folded from fp32 columns; the 6x6 planes above keep the implicit GEMM. The forward
     # runs a row per program on the GPU except in TF32, the general kernel's few large programs in the interpreter.
-    unfolded = kernels_for((2, 3, 64, 64), (16, 3, 7, 7), stride=2, padding=3)
+    unfolded = products((2, 3, 64, 64), (16, 3, 7, 7), stride=2, padding=3)
     assert [k.split("__")[0] for k in unfolded] == ["conv2d_gemm_forward", "conv2d_pointwise_fp32_out", "fold2d",
                                                    "unfold2d", "conv2d_pointwise_dw", "conv2d_dw_reduce"]
-    rows = kernels_for((2, 3, 64, 64), (16, 3, 7, 7), stride=2, padding=3, dtype=torch.bfloat16, backward=False)
+    rows = products((2, 3, 64, 64), (16, 3, 7, 7), stride=2, padding=3, dtype=torch.bfloat16, backward=False)
     assert rows[0].startswith("conv2d_gemm_forward" if INTERPRETED else "conv2d_rows_forward")
     # Stride 1 and channels multiples of 16: dx is the forward kernel run on dy with the flipped weight,
     # unless the padding reaches past the kernel (then no forward convolution is dx). On planes of at most
     # 256 pixels the forward's first guess is the TMA boxes' kernel, on larger ones and strided the pointer one.
-    forward_as_dx = kernels_for((2, 16, 6, 6), (32, 16, 3, 3), padding=1)
+    forward_as_dx = products((2, 16, 6, 6), (32, 16, 3, 3), padding=1)
+    # its copies: x and the weight in one launch, then dy and the transposed weight for dx
+    assert [k.split("__")[0] for k in kernels_for((2, 16, 6, 6), (32, 16, 3, 3), padding=1)
+            if k.startswith(LAYOUT_COPIES)][:3] == ["channels_last_copy_pair"] + ["channels_last_copy"] * 2
     assert [k.split("__")[0] for k in forward_as_dx[:2]] == ["conv2d_tma_forward"] * 2
-    larger = kernels_for((2, 16, 17, 16), (32, 16, 3, 3), padding=1)  # 272 pixels
+    larger = products((2, 16, 17, 16), (32, 16, 3, 3), padding=1)  # 272 pixels
     assert [k.split("__")[0] for k in larger[:2]] == ["conv2d_gemm_cl_forward"] * 2
-    assert kernels_for((2, 16, 7, 7), (32, 16, 3, 3), stride=2, padding=1)[0].startswith("conv2d_gemm_cl_forward")
-    assert kernels_for((2, 16, 6, 6), (32, 16, 3, 3), padding=3)[1].startswith("conv2d_gemm_cl_dx")
+    assert products((2, 16, 7, 7), (32, 16, 3, 3), stride=2, padding=1)[0].startswith("conv2d_gemm_cl_forward")
+    assert products((2, 16, 6, 6), (32, 16, 3, 3), padding=3)[1].startswith("conv2d_gemm_cl_dx")
     # fp32 at stride 1 on planes of at most 256 pixels (4096 with TF32 off): dw is one 1x1 product of the input
     # and dy unfolded rows-outer; 16-bit types keep the TMA boxes' dw.
-    rows_outer = kernels_for((2, 16, 7, 7), (32, 16, 3, 3), padding=1)
+    rows_outer = products((2, 16, 7, 7), (32, 16, 3, 3), padding=1)
     assert [k.split("__")[0] for k in rows_outer[-4:]] == ["unfold2d", "unfold2d", "conv2d_pointwise_dw",
                                                           "conv2d_dw_reduce"]
-    assert kernels_for((2, 16, 7, 7), (32, 16, 3, 3), padding=1, dtype=torch.bfloat16)[-2].startswith("conv2d_tma_dw")
+    assert products((2, 16, 7, 7), (32, 16, 3, 3), padding=1, dtype=torch.bfloat16)[-2].startswith("conv2d_tma_dw")
     # 272 pixels: the TMA dw with TF32 (on the GPU; the CPU's fp32 is IEEE, as torch's is there)
-    assert kernels_for((2, 16, 17, 16), (32, 16, 3, 3), padding=1)[-2 if DEVICE == "cuda" else -4].startswith(
+    assert products((2, 16, 17, 16), (32, 16, 3, 3), padding=1)[-2 if DEVICE == "cuda" else -4].startswith(
         "conv2d_tma_dw" if DEVICE == "cuda" else "unfold2d")
     with torch.backends.cudnn.flags(allow_tf32=False):  # full fp32 takes the rows-outer dw up to 4096 pixels
-        assert kernels_for((2, 16, 17, 16), (32, 16, 3, 3), padding=1)[-4].startswith("unfold2d")
-        assert kernels_for((2, 16, 65, 64), (32, 16, 3, 3), padding=1)[-2].startswith("conv2d_tma_dw")
+        assert products((2, 16, 17, 16), (32, 16, 3, 3), padding=1)[-4].startswith("unfold2d")
+        assert products((2, 16, 65, 64), (32, 16, 3, 3), padding=1)[-2].startswith("conv2d_tma_dw")
     assert {cls.name for cls in KERNELS["conv2d"]} >= {k.split("__")[0] for k in depthwise + gemm + unfolded + rows
                                                        + rows_outer + forward_as_dx + larger}
 

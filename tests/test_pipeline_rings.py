@@ -44,7 +44,8 @@ def specs(class_name):
 def compiled_rings(batch):
     """`pipeline_rings`' report of each spec, compiled in a child process that runs Triton compiled."""
     done = subprocess.run([sys.executable, str(HERE / "pipeline_rings.py")], input=json.dumps(batch), text=True,
-                          capture_output=True, env={**os.environ, "TRITON_INTERPRET": "0"},
+                          capture_output=True, env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join(
+                              filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))},
                           check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout)

@@ -50,7 +50,7 @@ def test_every_candidate_config_is_correct(shape, dtype, exact_fp32, monkeypatch
     while any(more):  # until every kind's list is exhausted
         more.clear()
 
-        def pick(kind, key, candidates, run, i=index):
+        def pick(kind, key, candidates, run, decode, i=index):
             listed = candidates()
             more.append(len(listed) > i + 1)
             return listed[min(i, len(listed) - 1)]

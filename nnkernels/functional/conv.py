@@ -19,12 +19,11 @@ import torch
 from torch import Tensor
 
 from .. import machine
-from ..ops.common.layout import channels_last_kernel, channels_last_tiles
 from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, building, elsewhere, record, refuse_double_backward,
                      register_kernels)
 from .conv_algorithms import dw_pass, dx_pass, forward_pass
 from .conv_problem import Problem, output_size, tf32_products
-from .layout import channels_last_copy
+from .layout import channels_last_copy, channels_last_copy_kernels
 from .streams import side_by_side
 
 INT32_LIMIT = 2**31
@@ -288,11 +287,21 @@ def _backward_runner(p, needs, dy, x, weight):
         ids += dw_ids
         if not need_dw:
             dw_run = _bias_only(dw_run)
-    copy_dy = None
-    if len(reads) == 2 and all(reads):
-        copy_dy = channels_last_copy(p.y_shape, p.dtype, p.device)
-        ids = [channels_last_kernel(*channels_last_tiles(p.C_OUT, p.OH * p.OW), p.dtype).id] + ids
-    return _BackwardRunner(dx_run, dw_run, copy_dy, p.device, ids)
+    shares = len(reads) == 2 and all(reads)
+    copy_dy = channels_last_copy(p.y_shape, p.dtype, p.device) if shares else None
+    return _BackwardRunner(dx_run, dw_run, copy_dy, p.device, _shared(p, dx_ids, dw_ids) if shares else ids)
+
+
+def _shared(p, dx_ids, dw_ids):
+    """The kernel ids of a backward whose dx and dw share one channels-last copy of dy: that copy first, then each
+    pass's kernels less its own copy of dy."""
+    shared = channels_last_copy_kernels(p.y_shape, p.dtype)[0].id
+
+    def without_copy(ids):
+        index = ids.index(shared)
+        return ids[:index] + ids[index + 1:]
+
+    return [shared] + without_copy(dx_ids) + without_copy(dw_ids)
 
 
 def _as_dx(forward_run):
@@ -475,7 +484,11 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
     `backward`), with the choices tuning has remembered or, before any tuning, the first guesses."""
     p = _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias)
     passes = [forward_pass(p)] + ([dx_pass(p), dw_pass(p)] if backward else [])
-    return [k.id for pass_ in passes for k in pass_.kernels(pass_.peek())]
+    choices = [pass_.peek() for pass_ in passes]
+    ids = [[k.id for k in pass_.kernels(choice)] for pass_, choice in zip(passes, choices)]
+    if backward and all(pass_.reads_channels_last(choice) for pass_, choice in zip(passes[1:], choices[1:])):
+        return ids[0] + _shared(p, *ids[1:])
+    return [k for pass_ids in ids for k in pass_ids]
 
 
 def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, full=False):

@@ -7,12 +7,15 @@ function that allocates the copy and launches its kernel (a `Launcher`) on every
 - `channels_last_pair_copy(x_shape, w_shape, dtype, device)`: a convolution's input and weight in one launch;
 - `subsample_copy(shape, stride, dtype, device)`: t[:, :, ::s_h, ::s_w].contiguous(), and
   `subsample_adjoint(...)`, its adjoint (zeros off the lattice).
+Each factory's `*_kernels` twin names the kernels its copy launches (none for an empty tensor), for the lists of
+what a call launches.
 `channels_last(t)`, `channels_first(t)`, `channels_last_pair(x, w)`, `subsample(t, stride)` and
 `subsample_backward(grad, shape, stride)` make the same copies once, with every argument checked.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -23,12 +26,16 @@ from ..ops.common.layout import channels_last_kernel, channels_last_pair_kernel,
 from ..ops.conv2d.subsample import Subsample2dBackward, Subsample2dForward, subsample_tiles
 
 
+def _transpose_kernels(images, rows, cols, dtype):
+    return [channels_last_kernel(*channels_last_tiles(rows, cols), dtype)] if images * rows * cols else []
+
+
 def _transpose_copy(images, rows, cols, out_shape, dtype, device):
     """t as [images, rows, cols] -> [images, cols, rows], returned with `out_shape`."""
-    new = allocator(dtype, device)
-    if not images * rows * cols:
+    new, kernels = allocator(dtype, device), _transpose_kernels(images, rows, cols, dtype)
+    if not kernels:
         return lambda t: new(*out_shape)
-    launch = Launcher(channels_last_kernel(*channels_last_tiles(rows, cols), dtype))
+    launch = Launcher(kernels[0])
 
     def copy(t):
         y = new(*out_shape)
@@ -38,9 +45,19 @@ def _transpose_copy(images, rows, cols, out_shape, dtype, device):
     return copy
 
 
+def channels_last_copy_kernels(shape, dtype):
+    n, c, h, w = shape
+    return _transpose_kernels(n, c, h * w, dtype)
+
+
 def channels_last_copy(shape, dtype, device):
     n, c, h, w = shape
     return _transpose_copy(n, c, h * w, (n, h, w, c), dtype, device)
+
+
+def channels_first_copy_kernels(shape, dtype):
+    n, h, w, c = shape
+    return _transpose_kernels(n, h * w, c, dtype)
 
 
 def channels_first_copy(shape, dtype, device):
@@ -48,15 +65,25 @@ def channels_first_copy(shape, dtype, device):
     return _transpose_copy(n, h * w, c, (n, c, h, w), dtype, device)
 
 
+def _pair_in_one_launch(x_shape, w_shape):
+    return math.prod(x_shape) and math.prod(w_shape)
+
+
+def channels_last_pair_kernels(x_shape, w_shape, dtype):
+    if not _pair_in_one_launch(x_shape, w_shape):
+        return channels_last_copy_kernels(x_shape, dtype) + channels_last_copy_kernels(w_shape, dtype)
+    (_, c, h, w), (_, c_in, kh, kw) = x_shape, w_shape
+    return [channels_last_pair_kernel(channels_last_tiles(c, h * w), channels_last_tiles(c_in, kh * kw), dtype)]
+
+
 def channels_last_pair_copy(x_shape, w_shape, dtype, device):
     """(x, weight) -> (channels-last x, channels-last weight), in one launch of `ChannelsLastCopyPair`."""
     n, c, h, w = x_shape
     c_out, c_in, kh, kw = w_shape
-    if not (n * c * h * w and c_out * c_in * kh * kw):
+    if not _pair_in_one_launch(x_shape, w_shape):
         copy_x, copy_w = channels_last_copy(x_shape, dtype, device), channels_last_copy(w_shape, dtype, device)
         return lambda x, weight: (copy_x(x), copy_w(weight))
-    launch = Launcher(channels_last_pair_kernel(channels_last_tiles(c, h * w), channels_last_tiles(c_in, kh * kw),
-                                                dtype))
+    launch = Launcher(channels_last_pair_kernels(x_shape, w_shape, dtype)[0])
     new, x_cl_shape, w_cl_shape = allocator(dtype, device), (n, h, w, c), (c_out, kh, kw, c_in)
 
     def copy(x, weight):
@@ -72,13 +99,23 @@ def _subsample_kernel(cls, stride, plane, dtype):
     return cls(*stride, *subsample_tiles(plane), dtype=dtype)
 
 
+def _subsampled(shape, stride):
+    n, c, h, w = shape
+    return n, c, -(-h // stride[0]), -(-w // stride[1])
+
+
+def subsample_kernels(shape, stride, dtype):
+    _, _, oh, ow = _subsampled(shape, stride)
+    return [_subsample_kernel(Subsample2dForward, tuple(stride), oh * ow, dtype)] if math.prod(shape) else []
+
+
 def subsample_copy(shape, stride, dtype, device):
     n, c, h, w = shape
-    oh, ow = -(-h // stride[0]), -(-w // stride[1])
-    out_shape, new = (n, c, oh, ow), allocator(dtype, device)
-    if not n * c * h * w:
+    out_shape, kernels = _subsampled(shape, stride), subsample_kernels(shape, stride, dtype)
+    new = allocator(dtype, device)
+    if not kernels:
         return lambda t: new(*out_shape)
-    launch = Launcher(_subsample_kernel(Subsample2dForward, tuple(stride), oh * ow, dtype))
+    launch, (oh, ow) = Launcher(kernels[0]), out_shape[2:]
 
     def copy(t):
         y = new(*out_shape)
@@ -88,14 +125,19 @@ def subsample_copy(shape, stride, dtype, device):
     return copy
 
 
+def subsample_adjoint_kernels(shape, stride, dtype):
+    plane = shape[2] * shape[3]
+    return [_subsample_kernel(Subsample2dBackward, tuple(stride), plane, dtype)] if math.prod(shape) else []
+
+
 def subsample_adjoint(grad_shape, shape, stride, dtype, device):
     """grad [N, C, OH, OW] -> [N, C, H, W] with grad at every stride-th pixel and zeros elsewhere
     (`Subsample2dBackward` writes every element once)."""
     n, c, h, w = shape
-    new = allocator(dtype, device)
-    if not n * c * h * w:
+    new, kernels = allocator(dtype, device), subsample_adjoint_kernels(shape, stride, dtype)
+    if not kernels:
         return lambda grad: new(*shape)
-    launch = Launcher(_subsample_kernel(Subsample2dBackward, tuple(stride), h * w, dtype))
+    launch = Launcher(kernels[0])
     sizes = (n * c, h, w, *grad_shape[2:])
 
     def spread(grad):

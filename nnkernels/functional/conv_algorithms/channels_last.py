@@ -14,7 +14,8 @@ import torch
 from ...launcher import Launcher
 from ...ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward
 from ...ops.conv2d.channels_last_dx import Conv2dGemmClDx
-from ..layout import channels_first_copy, channels_last_copy, channels_last_pair_copy
+from ..layout import (channels_first_copy, channels_first_copy_kernels, channels_last_copy, channels_last_copy_kernels,
+                      channels_last_pair_copy, channels_last_pair_kernels)
 from ..common import allocator
 from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, pow2_dividing, register
 from .implicit_gemm import gemm_candidates
@@ -107,21 +108,40 @@ def channels_last_dw_candidates(m: int, c_in: int, taps: int, pixels: int, dtype
     return list(dict.fromkeys(configs))
 
 
+def _dx_forward_weight_shape(p):
+    return (1, p.C_IN, p.C_OUT * p.KH * p.KW, 1)  # the convolution's own weight, [C_OUT, C_IN, KH, KW], as 4-D
+
+
 def dx_forward_weight(p):
     """weight -> the weight of `dx_forward` problem p in the channels-last forward's layout, [C_IN, KH, KW, C_OUT],
     taps not flipped (the kernels read them in reverse: FLIP_TAPS): weight as [1, C_OUT, C_IN*KH*KW, 1] made
     channels-last by the tile transpose (torch's permuted copy is slow: its c_out runs lie C_IN*KH*KW apart)."""
-    c_out, c_in, rows = p.C_IN, p.C_OUT, p.C_OUT * p.KH * p.KW  # the convolution's own weight: [C_OUT, C_IN, KH, KW]
-    copy, shape = channels_last_copy((1, c_out, rows, 1), p.dtype, p.device), (c_in, p.KH, p.KW, c_out)
-    return lambda weight: copy(weight.reshape(1, c_out, rows, 1)).reshape(shape)
+    as_4d = _dx_forward_weight_shape(p)
+    copy, shape = channels_last_copy(as_4d, p.dtype, p.device), (p.C_OUT, p.KH, p.KW, p.C_IN)
+    return lambda weight: copy(weight.reshape(as_4d)).reshape(shape)
+
+
+def forward_copies(p) -> list:
+    """The layout copies a channels-last forward launches before its product: x and the weight in one launch, or
+    of a `dx_forward` problem dy (unless the backward shares its copy) and the transposed weight."""
+    if p.flip_taps:
+        return (channels_last_copy_kernels(p.x_shape, p.dtype)
+                + channels_last_copy_kernels(_dx_forward_weight_shape(p), p.dtype))
+    return channels_last_pair_kernels(p.x_shape, p.w_shape, p.dtype)
+
+
+def channels_last_operand_copies(p) -> list:
+    """The copies `channels_last_operands` launches: dy (unless the backward shares its copy), then x."""
+    return channels_last_copy_kernels(p.y_shape, p.dtype) + channels_last_copy_kernels(p.x_shape, p.dtype)
 
 
 def forward_runner(p, kernels, split):
-    """The runner of a channels-last forward (`Conv2dGemmClForward` or `Conv2dTmaForward`, then the split-K sum
-    when `split` > 1): run(x, weight, bias, x_cl=None) -> y. Of a `dx_forward` problem (FLIP_TAPS) it computes dx:
+    """The runner of a channels-last forward whose `kernels` are its copies (`forward_copies`), then
+    `Conv2dGemmClForward` or `Conv2dTmaForward`, then the split-K sum when `split` > 1: run(x, weight, bias,
+    x_cl=None) -> y. Of a `dx_forward` problem (FLIP_TAPS) it computes dx:
     x is dy, read channels-last (`x_cl`, the backward's shared copy, where it made one), and the weight is the
     convolution's own."""
-    conv, *rest = (Launcher(k) for k in kernels)
+    conv, *rest = (Launcher(k) for k in kernels[len(forward_copies(p)):])
     shape, dtype, sizes, device, c_out = p.y_shape, p.dtype, p.sizes, p.device, p.C_OUT
     numel = p.B * p.C_OUT * p.OH * p.OW
     new, new_f32 = allocator(dtype, device), allocator(torch.float32, device)
@@ -172,7 +192,7 @@ class ClForward(Algorithm):
         block_q = image_tile(config.block_m, p.OH * p.OW, config.image_pixels)
         constants = p.geometry + (p.has_bias, p.tf32, p.flip_taps, config.block_m, config.block_n, config.block_k,
                                   block_q, config.split)
-        kernels = [make_kernel(Conv2dGemmClForward, constants, p, config)]
+        kernels = forward_copies(p) + [make_kernel(Conv2dGemmClForward, constants, p, config)]
         return kernels + ([split_sum_kernel(p, p.B * p.C_OUT * p.OH * p.OW)] if config.split > 1 else [])
 
     def runner(self, p, config):
@@ -192,13 +212,17 @@ class ClDx(Algorithm):
     def candidates(self, p):
         return channels_last_candidates(p.B, p.pixels_per_phase, p.C_IN, p.C_OUT, p.dtype, p.machine)
 
-    def kernels(self, p, config):
+    def _product(self, p, config):
         block_q = image_tile(config.block_m, p.pixels_per_phase)
         constants = p.geometry + (p.tf32, p.dx_nhwc, config.block_m, config.block_n, config.block_k, block_q)
-        return [make_kernel(Conv2dGemmClDx, constants, p, config)]
+        return make_kernel(Conv2dGemmClDx, constants, p, config)
+
+    def kernels(self, p, config):
+        back_to_nchw = channels_first_copy_kernels((p.B, p.H, p.W, p.C_IN), p.dtype) if p.dx_nhwc else []
+        return channels_last_copy_kernels(p.y_shape, p.dtype) + [self._product(p, config)] + back_to_nchw
 
     def runner(self, p, config):
-        launch = Launcher(self.kernels(p, config)[0])
+        launch = Launcher(self._product(p, config))
         copy_dy = channels_last_copy(p.y_shape, p.dtype, p.device)
         nhwc = (p.B, p.H, p.W, p.C_IN)
         written_shape = nhwc if p.dx_nhwc else p.x_shape
@@ -227,10 +251,11 @@ class ClDw(Algorithm):
     def kernels(self, p, config):
         tap_span = max(1, config.block_n // p.C_IN)  # a column tile wider than C_IN spans taps
         constants = p.geometry + (p.has_bias, p.tf32, config.block_m, config.block_n, config.block_k, tap_span)
-        return [make_kernel(Conv2dGemmClDw, constants, p, config), reduce_kernel(p, p.has_bias)]
+        return channels_last_operand_copies(p) + [make_kernel(Conv2dGemmClDw, constants, p, config),
+                                                  reduce_kernel(p, p.has_bias)]
 
     def runner(self, p, config):
-        product, reduce = (Launcher(k) for k in self.kernels(p, config))
+        product, reduce = (Launcher(k) for k in self.kernels(p, config)[-2:])
         return split_weight_gradient(p, config.split, product, reduce, p.sizes, channels_last_operands(p))
 
 

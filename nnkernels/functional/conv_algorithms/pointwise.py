@@ -7,7 +7,7 @@ import torch
 
 from ...launcher import Launcher
 from ...ops.conv2d.pointwise import Conv2dPointwise, Conv2dPointwiseDw
-from ..layout import subsample_adjoint, subsample_copy
+from ..layout import subsample_adjoint, subsample_adjoint_kernels, subsample_copy, subsample_kernels
 from ..common import allocator
 from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, register
 from .partials import reduce_kernel, split_weight_gradient
@@ -96,6 +96,11 @@ def weight_product_kernel(p, config):
                        config)
 
 
+def _subsample_kernels(p) -> list:
+    """The copy of x[:, :, ::s, ::s] a strided layer's forward and dw make first."""
+    return subsample_kernels(p.x_shape, p.stride, p.dtype) if p.subsampled else []
+
+
 class _Pointwise(Algorithm):
     def applies(self, p):
         return p.pointwise
@@ -108,11 +113,11 @@ class PointwiseForward(_Pointwise):
         return pointwise_candidates(p.C_OUT, p.C_IN, p.OH * p.OW, p.dtype, p.tf32, p.machine)
 
     def kernels(self, p, config):
-        return [product_kernel(p, config, p.has_bias)]
+        return _subsample_kernels(p) + [product_kernel(p, config, p.has_bias)]
 
     def runner(self, p, config):
         new = allocator(p.dtype, p.device)
-        launch = Launcher(self.kernels(p, config)[0])
+        launch = Launcher(self.kernels(p, config)[-1])
         subsample = subsample_copy(p.x_shape, p.stride, p.dtype, p.device) if p.subsampled else None
         shape, sizes = p.y_shape, (p.B, p.C_IN, p.C_OUT, p.OH * p.OW)
 
@@ -134,7 +139,8 @@ class PointwiseDx(_Pointwise):
         return pointwise_candidates(p.C_IN, p.C_OUT, p.OH * p.OW, p.dtype, p.tf32, p.machine)
 
     def kernels(self, p, config):
-        return [product_kernel(p, config, False)]
+        spread = subsample_adjoint_kernels(p.x_shape, p.stride, p.dtype) if p.subsampled else []
+        return [product_kernel(p, config, False)] + spread
 
     def runner(self, p, config):
         new = allocator(p.dtype, p.device)
@@ -159,10 +165,10 @@ class PointwiseDw(_Pointwise):
         return pointwise_dw_candidates(p.C_OUT, p.C_IN, p.OH * p.OW, p.B, p.dtype, p.machine)
 
     def kernels(self, p, config):
-        return [weight_product_kernel(p, config), reduce_kernel(p, p.has_bias)]
+        return _subsample_kernels(p) + [weight_product_kernel(p, config), reduce_kernel(p, p.has_bias)]
 
     def runner(self, p, config):
-        product, reduce = (Launcher(k) for k in self.kernels(p, config))
+        product, reduce = (Launcher(k) for k in self.kernels(p, config)[-2:])
         subsample = subsample_copy(p.x_shape, p.stride, p.dtype, p.device) if p.subsampled else None
         return split_weight_gradient(p, config.split, product, reduce, (p.B, p.C_IN, p.C_OUT, p.OH * p.OW),
                                      lambda dy, x, dy_cl: (dy, subsample(x) if subsample is not None else x))

@@ -8,7 +8,8 @@ from ...launcher import Launcher
 from ...ops.conv2d.tma_dw import Conv2dTmaDw
 from ...ops.conv2d.tma_forward import Conv2dTmaForward
 from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, pow2_dividing, register
-from .channels_last import TMA_FORWARD_FIRST_PIXELS, channels_last_operands, forward_runner, split_k
+from .channels_last import (TMA_FORWARD_FIRST_PIXELS, channels_last_operand_copies, channels_last_operands, forward_copies,
+                            forward_runner, split_k)
 from .partials import reduce_kernel, split_sum_kernel, split_weight_gradient
 
 
@@ -100,7 +101,7 @@ class TmaForward(Algorithm):
     def kernels(self, p, config):
         box = tma_forward_box(config.block_m, p.OH, p.OW)
         constants = p.geometry + (p.has_bias, p.tf32, p.flip_taps, *box, config.block_n, config.block_k, config.split)
-        kernels = [make_kernel(Conv2dTmaForward, constants, p, config)]
+        kernels = forward_copies(p) + [make_kernel(Conv2dTmaForward, constants, p, config)]
         return kernels + ([split_sum_kernel(p, p.B * p.C_OUT * p.OH * p.OW)] if config.split > 1 else [])
 
     def runner(self, p, config):
@@ -120,10 +121,11 @@ class TmaDw(Algorithm):
     def kernels(self, p, config):
         box = tma_box(p.OH, p.OW, config.block_k)
         constants = p.geometry + (p.has_bias, p.tf32, config.taps, config.block_m, config.block_n) + box
-        return [make_kernel(Conv2dTmaDw, constants, p, config), reduce_kernel(p, p.has_bias, p.KH * p.KW)]
+        return channels_last_operand_copies(p) + [make_kernel(Conv2dTmaDw, constants, p, config),
+                                                  reduce_kernel(p, p.has_bias, p.KH * p.KW)]
 
     def runner(self, p, config):
-        product, reduce = (Launcher(k) for k in self.kernels(p, config))
+        product, reduce = (Launcher(k) for k in self.kernels(p, config)[-2:])
         return split_weight_gradient(p, config.split, product, reduce, p.sizes, channels_last_operands(p))
 
 
