@@ -11,6 +11,7 @@ In the interpreter, and while a launch hook is set (a profiler's), every call ta
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -35,13 +36,28 @@ def use_torch_scratch():
         triton.set_allocator(_torch_scratch)
 
 
+def launch_hooked() -> bool:
+    """Whether a launch hook is set (a profiler's): Triton 3.6 holds None or the hook, later Tritons a `HookChain`
+    whose `calls` are the hooks (empty, not None, when there are none)."""
+    hook = knobs.runtime.launch_enter_hook
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return calls is None or len(calls) > 0
+
+
+@functools.lru_cache(maxsize=None)
+def _known_launcher(launcher_type) -> bool:
+    """Whether compiled kernels' launchers of this type are the one this module knows (Triton 3.6's: its call only
+    adds scratch buffers, which callers of `_c_launch` do not need)."""
+    params = list(inspect.signature(launcher_type.__call__).parameters)
+    return params == ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
+
+
 def _c_launch(run):
-    """Triton's C launch function behind `run` (a compiled kernel's launcher) where this Triton's launcher is the one
-    this module knows (Triton 3.6's: it only adds scratch buffers, which callers of this do not need), else None."""
-    params = list(inspect.signature(type(run).__call__).parameters)
-    known = params == ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
+    """Triton's C launch function behind `run` (a compiled kernel's launcher) where `_known_launcher`, else None."""
     attrs = ("launch", "launch_cooperative_grid", "launch_pdl", "global_scratch_size", "profile_scratch_size")
-    return run.launch if known and all(hasattr(run, name) for name in attrs) else None
+    return run.launch if _known_launcher(type(run)) and all(hasattr(run, name) for name in attrs) else None
 
 
 class Launcher:
@@ -55,13 +71,13 @@ class Launcher:
 
     def __call__(self, *args):
         go = self._go
-        if go is None or knobs.runtime.launch_enter_hook is not None:
+        if go is None or launch_hooked():
             return self._checked(args)
         go(*args)
 
     def _checked(self, args):
         grid, compiled = self.kernel.checked_launch(args)
-        if compiled is None or INTERPRETED:
+        if self._go is not None or compiled is None or INTERPRETED:
             return
         self._go = _direct(compiled, tuple(grid) + (1,) * (3 - len(grid)),
                            next(value.device for value in args if hasattr(value, "device")).index,

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from torch._prims_common import suggest_memory_format
+
 from .. import tuning
 from .. import machine
 from ..ops.avg_pool2d.gather import pooled_size
-from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, elsewhere, record,
-                     refuse_double_backward, register_kernels)
+from .common import FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, elsewhere, record, register_kernels
+from .double_backward import avg_pool2d_dx
 from .pooling_algorithms import PoolingPass
 
 _PLANS = PlanCache()
@@ -24,6 +26,11 @@ _PLANS = PlanCache()
 
 def _pair(value, name, *, lowest):
     """An int or a pair of ints, each >= lowest, as a 2-tuple."""
+    if type(value) is int and value >= lowest:  # the common cases first: this runs on every call
+        return (value, value)
+    if type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int and min(
+            value) >= lowest:
+        return value
     pair = (value, value) if isinstance(value, int) else tuple(value) if isinstance(value, (tuple, list)) else None
     if pair is None or len(pair) != 2 or any(not isinstance(v, int) or isinstance(v, bool) for v in pair):
         raise TypeError(f"{name}: expected an int or a pair of ints, got {value!r}")
@@ -67,12 +74,17 @@ def _output_size(H, W, kernel, stride, padding, ceil_mode):
 
 
 class AvgPool2dPlan:
-    """What every call with one signature runs: `forward(x)` and `backward(dy)` on 4-D contiguous tensors."""
+    """What every call with one signature runs: `forward(x)` and `backward(dy)` on 4-D contiguous tensors;
+    `channels_last` where x's strides are (torch's `suggest_memory_format`), whose results the caller makes
+    channels-last."""
 
-    def __init__(self, shape, dtype, device, kernel, stride, padding, ceil_mode, count_include_pad, divisor):
+    def __init__(self, shape, dtype, device, kernel, stride, padding, ceil_mode, count_include_pad, divisor,
+                 channels_last=False):
         B, C, H, W = shape
         OH, OW = _output_size(H, W, kernel, stride, padding, ceil_mode)
         self.x_shape, self.y_shape, self.device = tuple(shape), (B, C, OH, OW), device
+        self.window = (kernel, stride, padding, ceil_mode, count_include_pad, divisor)
+        self.channels_last = channels_last
         self.runs_kernels = B * C * OH * OW > 0 and device.type != "meta"
         on = machine.machine_of(device)
         window = (kernel, stride, padding, count_include_pad, divisor)
@@ -114,6 +126,16 @@ def _ready(t):
     return aligned(t if t.is_contiguous() else t.contiguous())
 
 
+def _laid_out(plan, t):
+    """`t` in the layout torch gives for the plan's input. The kernels read and write NCHW only, so a
+    channels-last input costs one copy in (`_ready`) and one copy out (here)."""
+    return t.contiguous(memory_format=torch.channels_last) if plan.channels_last else t
+
+
+def _suggests_channels_last(x):
+    return x.dim() == 4 and suggest_memory_format(x) == torch.channels_last
+
+
 def _plan(shape, strides, dtype, device, kernel, stride, padding, ceil_mode, count_include_pad, divisor, x=None):
     """The plan of a 4-D input of `shape`, `strides`, `dtype` on `device`; `x`, where given, is checked on the
     signature's first call (the backward operator's comes from a checked forward)."""
@@ -124,7 +146,7 @@ def _plan(shape, strides, dtype, device, kernel, stride, padding, ceil_mode, cou
             if x is not None:
                 _check(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor or None)
             return AvgPool2dPlan(tuple(shape), dtype, device, kernel, stride, padding, ceil_mode, count_include_pad,
-                                 divisor)
+                                 divisor, x is not None and _suggests_channels_last(x))
 
         plan = _PLANS.build(signature, build)
     return plan
@@ -134,12 +156,14 @@ class _AvgPool2d(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, plan):
         ctx.plan = plan
-        return plan.run("forward", _ready(x))
+        return _laid_out(plan, plan.run("forward", _ready(x)))
 
     @staticmethod
     def backward(ctx, dy):
-        refuse_double_backward("avg_pool2d")
-        return ctx.plan.run("backward", _ready(dy)), None
+        plan = ctx.plan
+        if torch.is_grad_enabled():  # create_graph=True: dx as a differentiable map of dy
+            return avg_pool2d_dx(dy, lambda g: _laid_out(plan, plan.run("backward", _ready(g))), plan.window), None
+        return _laid_out(plan, plan.run("backward", _ready(dy))), None
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
@@ -166,7 +190,7 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
         if torch.is_grad_enabled() and batched.requires_grad:
             y = _AvgPool2d.apply(batched, plan)
         else:
-            y = plan.run("forward", _ready(batched))
+            y = _laid_out(plan, plan.run("forward", _ready(batched)))
     return y.squeeze(0) if unbatched else y
 
 
@@ -176,13 +200,14 @@ def avg_pool2d_op(x: torch.Tensor, kernel_size: list[int], stride: list[int], pa
     """4-D average pooling forward (divisor_override 0 = none); see `avg_pool2d`."""
     plan = _plan(x.shape, x.stride(), x.dtype, x.device, tuple(kernel_size), tuple(stride), tuple(padding), ceil_mode,
                  count_include_pad, divisor_override, x)
-    return plan.run("forward", _ready(x))
+    return _laid_out(plan, plan.run("forward", _ready(x)))
 
 
 @avg_pool2d_op.register_fake
 def _(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     B, C, H, W = x.shape
-    return x.new_empty(B, C, *_output_size(H, W, kernel_size, stride, padding, ceil_mode))
+    y = x.new_empty(B, C, *_output_size(H, W, kernel_size, stride, padding, ceil_mode))
+    return y.contiguous(memory_format=torch.channels_last) if _suggests_channels_last(x) else y
 
 
 @torch.library.custom_op("nnkernels::avg_pool2d_backward", mutates_args=())
