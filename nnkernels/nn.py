@@ -20,6 +20,7 @@ import torch
 from .functional.pooling import avg_pool2d
 from .functional.batchnorm import batch_norm
 from .functional.conv import conv2d
+from .functional.sync_batchnorm import sync_batch_norm
 from .kernel import INTERPRETED
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -176,12 +177,89 @@ class BatchNorm2d(_Named, torch.nn.BatchNorm2d):
                 )
 
 
+class SyncBatchNorm(_Named, torch.nn.SyncBatchNorm):
+    """`torch.nn.SyncBatchNorm` running `nnkernels.functional.sync_batchnorm.sync_batch_norm` in training with a
+    process group of two or more ranks, `nnkernels.functional.batch_norm` otherwise (evaluation, one rank, or no
+    initialised process group), by torch's own rule. Unlike torch's, it also runs on CPU tensors where Triton is
+    interpreted (gloo).
+
+    Gradients of weight and bias are this rank's own, as torch's are (DistributedDataParallel averages them).
+    Under torch.compile, with no process group or one rank, it is batch norm and compiles into the graph
+    (fullgraph=True included); with two or more ranks the synchronised forward runs outside the graph, a graph
+    break, so fullgraph=True fails there, as it does for torch.nn.SyncBatchNorm, which dynamo does not trace
+    (its collectives take a ProcessGroup object).
+    """
+
+    def forward(self, input):
+        if not isinstance(input, torch.Tensor) or input.dim() < 2:
+            raise ValueError(f"{type(self).__name__}: expected at least 2D input (got "
+                             f"{input.dim() if isinstance(input, torch.Tensor) else type(input).__name__}D input)")
+        if input.shape[1] == 0:
+            raise ValueError("SyncBatchNorm number of input channels should be non-zero")
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                momentum = 1.0 / float(self.num_batches_tracked)
+        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        track = not self.training or self.track_running_stats
+        running_mean = self.running_mean if track else None
+        running_var = self.running_var if track else None
+        # torch.nn.SyncBatchNorm's rule: synchronise in training only, with an initialised group of 2+ ranks.
+        world_size = 1
+        if self.training and torch.distributed.is_available() and torch.distributed.is_initialized():
+            group = self.process_group or torch.distributed.group.WORLD
+            world_size = torch.distributed.get_world_size(group)
+        if world_size > 1:
+            return sync_batch_norm(input, running_mean, running_var, self.weight, self.bias, momentum, self.eps,
+                                   group, world_size)
+        return batch_norm(input, running_mean, running_var, self.weight, self.bias, training=use_batch_stats,
+                          momentum=momentum, eps=self.eps)
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module, process_group=None):
+        """torch.nn.SyncBatchNorm.convert_sync_batchnorm's conversion, into nnkernels' layer: every batch norm of
+        `module` (torch's `_BatchNorm` kinds, nnkernels' BatchNorm2d among them) becomes an nnkernels
+        SyncBatchNorm holding the same Parameters and buffers, synchronised over `process_group` (None: the
+        world). A layer nnkernels cannot run (statistics not in float32, say) becomes torch's SyncBatchNorm, so
+        every batch norm synchronises either way. Returns `module`, or the new layer if `module` is one."""
+        converted = module
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            kind = cls if _batch_norm_supported(module) else torch.nn.SyncBatchNorm
+            converted = kind(module.num_features, module.eps, module.momentum, module.affine,
+                             module.track_running_stats, process_group, device="meta")
+            if module.affine:
+                with torch.no_grad():
+                    converted.weight = module.weight
+                    converted.bias = module.bias
+            else:
+                converted.weight = converted.bias = None
+            converted.running_mean = module.running_mean
+            converted.running_var = module.running_var
+            converted.num_batches_tracked = module.num_batches_tracked
+            converted.training = module.training
+            if hasattr(module, "qconfig"):
+                converted.qconfig = module.qconfig
+        for name, child in module.named_children():
+            converted.add_module(name, cls.convert_sync_batchnorm(child, process_group))
+        return converted
+
+
+def _batch_norm_supported(module) -> bool:
+    for name, tensor in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+        if name.startswith("running") and tensor.dtype != torch.float32:
+            return False
+        if name != "num_batches_tracked" and tensor.dtype not in SUPPORTED_DTYPES:
+            return False
+    return True
+
+
 @dataclass
 class ConversionSummary:
     """What `convert` did: layers swapped per kind, and each layer left alone with the reason."""
 
     swapped: "OrderedDict[str, int]" = field(
-        default_factory=lambda: OrderedDict((k, 0) for k in ("Conv2d", "AvgPool2d", "BatchNorm2d"))
+        default_factory=lambda: OrderedDict((k, 0) for k in ("Conv2d", "AvgPool2d", "BatchNorm2d", "SyncBatchNorm"))
     )
     left: list = field(default_factory=list)  # (qualified name, kind, reason)
 
@@ -192,7 +270,8 @@ class ConversionSummary:
         return "\n".join(lines)
 
 
-_REPLACEMENTS = {torch.nn.Conv2d: Conv2d, torch.nn.AvgPool2d: AvgPool2d, torch.nn.BatchNorm2d: BatchNorm2d}
+_REPLACEMENTS = {torch.nn.Conv2d: Conv2d, torch.nn.AvgPool2d: AvgPool2d, torch.nn.BatchNorm2d: BatchNorm2d,
+                 torch.nn.SyncBatchNorm: SyncBatchNorm}
 
 
 def _unsupported(module) -> str | None:
@@ -226,7 +305,7 @@ def _swap(module):
 
 
 def convert(model: torch.nn.Module, verbose: bool = False) -> torch.nn.Module:
-    """Replace, in place, every `torch.nn.Conv2d`, `AvgPool2d` and `BatchNorm2d` of `model` that
+    """Replace, in place, every `torch.nn.Conv2d`, `AvgPool2d`, `BatchNorm2d` and `SyncBatchNorm` of `model` that
     nnkernels supports with the nnkernels layer holding the same Parameters and buffers.
 
     Returns `model` (or, when `model` is itself such a layer, its replacement) with the
