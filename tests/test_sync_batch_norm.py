@@ -157,3 +157,18 @@ def test_convert_sync_batchnorm_turns_batch_norms_into_ours():
     assert isinstance(nnk.SyncBatchNorm.convert_sync_batchnorm(torch.nn.BatchNorm2d(C)), nnk.SyncBatchNorm)
     x = torch.randn(2, C, 4, 4)
     assert torch.allclose(model[0](x), torch_bn(x), atol=1e-5)  # no process group: batch norm
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="DDP takes SyncBatchNorm layers on GPU modules only")
+def test_ddp_example_with_sync_bn_one_step_on_two_gloo_ranks(tmp_path):
+    env = dict(os.environ, NNKERNELS_TUNE="off",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(ROOT / "examples" / "train_ddp.py"), "--backend", "gloo", "--model", "tiny", "--sync-bn",
+               "--steps", "1", "--batch-size", "6", "--image-size", "8", "--save-params", str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) > 0
+    for name in ranks[0]:
+        assert torch.equal(ranks[0][name], ranks[1][name]), f"ranks disagree on {name}"
