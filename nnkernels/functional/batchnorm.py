@@ -23,13 +23,15 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 from .. import machine
 from .batchnorm_algorithms import (F32, BatchNormProblem, eval_backward_kernels, eval_backward_runner,
                                    eval_forward_kernels, eval_forward_runner, train_backward_kernels,
                                    train_backward_runner, train_forward_kernels, train_forward_runner)
 from .common import (ALIGNMENT, FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, elsewhere, record,
-                     refuse_double_backward, register_kernels)
+                     register_kernels)
+from .double_backward import batch_norm_eval_grads, batch_norm_train_grads
 from .. import tuning
 
 _PLANS = PlanCache()
@@ -95,6 +97,9 @@ class BatchNormPlan:
 
     def __init__(self, x, weight, bias):
         self.problem = BatchNormProblem(x.shape, x.dtype, x.device, machine.machine_of(x.device))
+        # The layout torch gives this input's results, where it is not NCHW (channels-last, 4-D or 5-D).
+        memory_format = suggest_memory_format(x)
+        self.memory_format = None if memory_format == torch.contiguous_format else memory_format
         C, device = x.shape[1], x.device
         # fp32, contiguous parameters as the kernels read them; ones and zeros where there are none.
         self.weight_ready = weight is not None and weight.dtype == F32 and weight.is_contiguous()
@@ -183,6 +188,12 @@ def _ready(x):
     return aligned(x if x.is_contiguous() else x.contiguous())
 
 
+def _laid_out(plan, t):
+    """`t` in the layout torch gives for the plan's input. The kernels read and write NCHW only, so a
+    channels-last input costs one copy in (`_ready`) and one copy out (here)."""
+    return t if plan.memory_format is None else t.contiguous(memory_format=plan.memory_format)
+
+
 def _param_grads(param_dtypes, dweight, dbias):
     weight_dtype, bias_dtype = param_dtypes
     return (None if weight_dtype is None else dweight.to(weight_dtype),
@@ -195,22 +206,26 @@ class _Train(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, plan, running, momentum, eps):
-        x = _ready(x)
+        ready = _ready(x)
         weight32, bias32 = plan.params(weight, bias)
         if running is None:
-            y, mean, rstd, _ = plan.run("train_forward", x, weight32, bias32, None, None, eps, momentum)
+            y, mean, rstd, _ = plan.run("train_forward", ready, weight32, bias32, None, None, eps, momentum)
         else:
-            y, mean, rstd, _ = plan.run("train_forward_update", x, weight32, bias32, *running, eps, momentum)
-        ctx.save_for_backward(x, weight32, mean, rstd)
-        ctx.plan = plan
+            y, mean, rstd, _ = plan.run("train_forward_update", ready, weight32, bias32, *running, eps, momentum)
+        # x and weight as given too: the tensors a differentiable backward reaches the caller's graph through
+        ctx.save_for_backward(ready, weight32, mean, rstd, x, weight)
+        ctx.plan, ctx.eps = plan, eps
         ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
-        return y
+        return _laid_out(plan, y)
 
     @staticmethod
     def backward(ctx, dy):
-        refuse_double_backward("batch_norm")
-        x, weight32, mean, rstd = ctx.saved_tensors
-        dx, dweight, dbias = ctx.plan.run("train_backward", _ready(dy), x, weight32, mean, rstd)
+        ready, weight32, mean, rstd, x, weight = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: torch's formula, differentiable
+            dx, dweight, dbias = batch_norm_train_grads(dy, x, weight, ctx.eps)
+        else:
+            dx, dweight, dbias = ctx.plan.run("train_backward", _ready(dy), ready, weight32, mean, rstd)
+            dx = _laid_out(ctx.plan, dx)
         return dx, *_param_grads(ctx.param_dtypes, dweight, dbias), None, None, None, None
 
 
@@ -219,19 +234,24 @@ class _Eval(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, plan, running, eps):
-        x = _ready(x)
+        ready = _ready(x)
         weight32, bias32 = plan.params(weight, bias)
-        y = plan.run("eval_forward", x, weight32, bias32, *running, eps)
-        ctx.save_for_backward(x, weight32, *running)
+        y = plan.run("eval_forward", ready, weight32, bias32, *running, eps)
+        # x and weight as given too: the tensors a differentiable backward reaches the caller's graph through
+        ctx.save_for_backward(ready, weight32, *running, x, weight)
         ctx.plan, ctx.eps = plan, eps
         ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
-        return y
+        return _laid_out(plan, y)
 
     @staticmethod
     def backward(ctx, dy):
-        refuse_double_backward("batch_norm")
-        x, weight32, running_mean, running_var = ctx.saved_tensors
-        dx, dweight, dbias = ctx.plan.run("eval_backward", _ready(dy), x, weight32, running_mean, running_var, ctx.eps)
+        ready, weight32, running_mean, running_var, x, weight = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: torch's formula, differentiable
+            dx, dweight, dbias = batch_norm_eval_grads(dy, x, weight, running_mean, running_var, ctx.eps)
+        else:
+            dx, dweight, dbias = ctx.plan.run("eval_backward", _ready(dy), ready, weight32, running_mean, running_var,
+                                              ctx.eps)
+            dx = _laid_out(ctx.plan, dx)
         return dx, *_param_grads(ctx.param_dtypes, dweight, dbias), None, None, None
 
 
@@ -293,7 +313,8 @@ def batch_norm_train_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: O
                         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Training forward: y, and the batch mean, rstd = 1/sqrt(var + eps) and unbiased variance (fp32, [C])."""
     plan = _plan(x, weight, bias, None, None, True)
-    return plan.run("train_forward", _ready(x), *plan.params(weight, bias), None, None, eps, 0.0)
+    y, *stats = plan.run("train_forward", _ready(x), *plan.params(weight, bias), None, None, eps, 0.0)
+    return _laid_out(plan, y), *stats
 
 
 @batch_norm_train_op.register_fake
@@ -310,7 +331,7 @@ def batch_norm_train_update_op(x: torch.Tensor, weight: Optional[torch.Tensor], 
     plan = _plan(x, weight, bias, running_mean, running_var, True)
     y, mean, rstd, _ = plan.run("train_forward_update", _ready(x), *plan.params(weight, bias), running_mean,
                                 running_var, eps, momentum)
-    return y, mean, rstd
+    return _laid_out(plan, y), mean, rstd
 
 
 @batch_norm_train_update_op.register_fake
@@ -323,7 +344,8 @@ def batch_norm_train_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: Opti
                                  rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Training backward: dx (the full formula through the batch statistics), dweight, dbias (fp32)."""
     plan = _plan(x, weight, None, None, None, True)
-    return plan.run("train_backward", _ready(dy), _ready(x), plan.params(weight, None)[0], mean, rstd)
+    dx, dweight, dbias = plan.run("train_backward", _ready(dy), _ready(x), plan.params(weight, None)[0], mean, rstd)
+    return _laid_out(plan, dx), dweight, dbias
 
 
 @batch_norm_train_backward_op.register_fake
@@ -352,7 +374,8 @@ def batch_norm_eval_op(x: torch.Tensor, running_mean: torch.Tensor, running_var:
                        weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     """Inference forward: y = (x - running_mean) * weight / sqrt(running_var + eps) + bias."""
     plan = _plan(x, weight, bias, running_mean, running_var, False)
-    return plan.run("eval_forward", _ready(x), *plan.params(weight, bias), running_mean, running_var, eps)
+    return _laid_out(plan, plan.run("eval_forward", _ready(x), *plan.params(weight, bias), running_mean, running_var,
+                                    eps))
 
 
 @batch_norm_eval_op.register_fake
@@ -366,8 +389,9 @@ def batch_norm_eval_backward_op(dy: torch.Tensor, x: torch.Tensor, running_mean:
                                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inference backward: dx = weight * rstd * dy, and dweight, dbias (fp32) over the batch."""
     plan = _plan(x, weight, None, running_mean, running_var, False)
-    return plan.run("eval_backward", _ready(dy), _ready(x), plan.params(weight, None)[0], running_mean, running_var,
-                    eps)
+    dx, dweight, dbias = plan.run("eval_backward", _ready(dy), _ready(x), plan.params(weight, None)[0], running_mean,
+                                  running_var, eps)
+    return _laid_out(plan, dx), dweight, dbias
 
 
 @batch_norm_eval_backward_op.register_fake
@@ -399,11 +423,15 @@ class _TrainUpdatingRunningStats(torch.autograd.Function):
     def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
         y, mean, rstd = batch_norm_train_update_op(x, weight, bias, running_mean, running_var, momentum, eps)
         _train_setup(ctx, (x, weight, bias, eps), (y, mean, rstd, None))
+        ctx.eps = eps
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        refuse_double_backward("batch_norm")
+        if torch.is_grad_enabled():  # create_graph=True: torch's formula, differentiable
+            x, weight, _, _ = ctx.saved_tensors
+            dx, dweight, dbias = batch_norm_train_grads(dy, x, weight, ctx.eps)
+            return dx, *_param_grads(ctx.param_dtypes, dweight, dbias), None, None, None, None
         dx, dweight, dbias, _ = _train_backward(ctx, dy)
         return dx, dweight, dbias, None, None, None, None
 

@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 
 from .. import machine
-from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, building, elsewhere, record, refuse_double_backward,
-                     register_kernels)
+from .common import FLOAT_DTYPES, ArgumentError, PlanCache, building, elsewhere, record, register_kernels
 from .conv_algorithms import dw_pass, dx_pass, forward_pass
+from .double_backward import conv2d_grads, require_in_graph
 from .conv_problem import Problem, output_size, tf32_products
 from .layout import channels_last_copy, channels_last_copy_kernels
 from .streams import side_by_side
@@ -353,11 +353,16 @@ class _Conv2d(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        refuse_double_backward("conv2d")
         x, weight = ctx.saved_tensors
         plan = ctx.plan
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2] and plan.has_bias)
-        dx, dw, dbias = plan.backward(dy.unsqueeze(0) if plan.unbatched else dy, x, weight, needs)
+        dy = dy.unsqueeze(0) if plan.unbatched else dy
+        if torch.is_grad_enabled():  # create_graph=True: gradients as differentiable convolutions, not the plan's
+            if needs[0] and needs[1]:  # dw is a function of x, dx of the weight
+                require_in_graph("conv2d", (("input", x), ("weight", weight)))
+            dx, dw, dbias = conv2d_grads(dy, x, weight, *plan.args, needs)
+        else:
+            dx, dw, dbias = plan.backward(dy, x, weight, needs)
         return (dx.squeeze(0) if plan.unbatched and dx is not None else dx), dw, dbias, None
 
 

@@ -11,7 +11,6 @@ break. `last_kernels("avg_pool2d")` names the kernels the latest calls launched.
 from __future__ import annotations
 
 import torch
-
 from torch._prims_common import suggest_memory_format
 
 from .. import tuning
