@@ -1,46 +1,112 @@
-"""Ahead-of-time compilation for processes that run Triton's interpreter.
+"""Ahead-of-time compilation in child processes, one kernel after another or several at once.
 
 An interpreted process cannot also run Triton's compiler: the interpreter patches Triton's
-language functions for the whole process. So such a process compiles in a child process
-that runs Triton compiled (it needs no GPU), and gets the PTX and cubin back.
+language functions for the whole process. So such a process compiles in child processes
+that run Triton compiled (they need no GPU), and gets the PTX and cubin back. The same
+children compile in parallel for any process: Triton's compiler keeps global state (its
+knobs, its caches, the patched language) and holds the GIL through its Python passes, so
+one compiler per process is what it allows, and processes are what run several at once.
+
+A child (`python -m nnkernels._aot TARGET`) reads pickled kernel specs from stdin one at a
+time and answers each with a pickled `CompiledKernel` (or an error) on stdout.
 """
 import importlib
 import os
 import pickle
+import queue
 import subprocess
 import sys
-
-import torch
-
-
-def compile_in_subprocess(kernels, target):
-    """Compile each kernel object of `kernels` for `target` in one child process; the results in order."""
-    specs = [
-        (type(k).__module__, type(k).__name__, tuple(k.constants.values()), str(k.dtype), k.num_warps, k.num_stages)
-        for k in kernels
-    ]
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run(
-        [sys.executable, "-m", "nnkernels._aot", target],
-        input=pickle.dumps(specs),
-        capture_output=True,
-        env=env,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"compiling for {target} failed:\n{done.stderr.decode(errors='replace')[-4000:]}")
-    return pickle.loads(done.stdout)
+import tempfile
+import threading
+import traceback
 
 
-def _main(target):
-    specs = pickle.loads(sys.stdin.buffer.read())
-    built = []
-    for module, class_name, constants, dtype, num_warps, num_stages in specs:
-        cls = getattr(importlib.import_module(module), class_name)
-        kernel = cls(*constants, dtype=getattr(torch, dtype.split(".")[-1]), num_warps=num_warps, num_stages=num_stages)
-        built.append(kernel.build(target))
-    sys.stdout.buffer.write(pickle.dumps(built))
+def _spec(kernel) -> tuple:
+    return (type(kernel).__module__, type(kernel).__name__, tuple(kernel.constants.values()), str(kernel.dtype),
+            kernel.num_warps, kernel.num_stages)
+
+
+def default_jobs(count: int) -> int:
+    """Child processes for `count` kernels: one per CPU this process may use, at most 8 (each holds torch and
+    Triton, some hundreds of MB), and no more than there are kernels."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, 8, count))
+
+
+def compile_in_subprocess(kernels, target, jobs=1, on_done=None):
+    """Compile each kernel object of `kernels` for `target` in `jobs` child processes, each taking the next
+    kernel as it finishes one; the results in the order of `kernels`. `on_done(kernel)` is called (from a
+    worker thread) as each is built."""
+    kernels = list(kernels)
+    if not kernels:
+        return []
+    results = [None] * len(kernels)
+    pending: queue.SimpleQueue = queue.SimpleQueue()
+    for index in range(len(kernels)):
+        pending.put(index)
+    failures = []
+
+    def work():
+        with tempfile.TemporaryFile() as log:
+            child = subprocess.Popen([sys.executable, "-m", "nnkernels._aot", target], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log, env=dict(os.environ, TRITON_INTERPRET="0"))
+            try:
+                while not failures:
+                    try:
+                        index = pending.get_nowait()
+                    except queue.Empty:
+                        break
+                    pickle.dump(_spec(kernels[index]), child.stdin)
+                    child.stdin.flush()
+                    try:
+                        ok, built = pickle.load(child.stdout)
+                    except EOFError:
+                        log.seek(0)
+                        stderr = log.read().decode(errors="replace")[-4000:]
+                        failures.append(f"compiling {kernels[index].id} for {target} failed:\n{stderr}")
+                        break
+                    if not ok:
+                        failures.append(f"compiling {kernels[index].id} for {target} failed:\n{built}")
+                        break
+                    results[index] = built
+                    if on_done is not None:
+                        on_done(kernels[index])
+            finally:
+                child.stdin.close()
+                child.wait()
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, min(jobs, len(kernels))))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise RuntimeError(failures[0])
+    return results
+
+
+def _serve(target):
+    # The answers go to the original stdout; anything the compiler prints goes to stderr instead.
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    import torch
+
+    requests = sys.stdin.buffer
+    while True:
+        try:
+            module, class_name, constants, dtype, num_warps, num_stages = pickle.load(requests)
+        except EOFError:
+            return
+        try:
+            cls = getattr(importlib.import_module(module), class_name)
+            kernel = cls(*constants, dtype=getattr(torch, dtype.split(".")[-1]), num_warps=num_warps,
+                         num_stages=num_stages)
+            answer = (True, kernel.build(target))
+        except Exception:  # the parent reports it, naming the kernel
+            answer = (False, traceback.format_exc()[-4000:])
+        pickle.dump(answer, answers)
+        answers.flush()
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    _serve(sys.argv[1])

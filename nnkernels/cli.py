@@ -1,7 +1,10 @@
-"""The `nnkernels` command: demo, compile, list, bench.
+"""The `nnkernels` command: demo, tune, compile, list, bench.
 
 Exit codes: 0 success, 2 bad usage (click's own usage errors), 1 failure. A failure prints
 one line, `nnkernels: error: ...`; `nnkernels --debug ...` prints the traceback instead.
+
+Only click is imported here: torch, Triton and the kernels are imported inside the commands, so that
+`--help` and bad usage answer at once.
 """
 from __future__ import annotations
 
@@ -15,12 +18,37 @@ from pathlib import Path
 import click
 
 DTYPES = ("fp32", "fp16", "bf16")
+# nnkernels.kernel.COMPILE_TARGETS, written out so that `compile --help` need not import Triton
+# (tests/test_cli_compile.py checks they agree).
+COMPILE_TARGETS = ("sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_100", "sm_120")
 
 _state = {"debug": False}
 
 
+def _print_version(ctx, _param, value):
+    if value and not ctx.resilient_parsing:
+        from . import __version__
+
+        click.echo(f"nnkernels {__version__}")
+        ctx.exit()
+
+
+def require_extra(extra: str, *modules: str):
+    """Import each of `modules` or fail in one line naming the extra that installs them."""
+    missing = []
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise RuntimeError(f"{' and '.join(missing)} not installed; pip install 'nnkernels[{extra}]'")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="On failure, print the full traceback instead of one line.")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the version and exit.")
 def cli(debug):
     """nnkernels: GPU kernels for training convolutional networks, written in Triton.
 
@@ -34,27 +62,56 @@ def cli(debug):
 # `--help` need not import the kernels (tests/test_demo.py checks they agree).
 @click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True,
               help="Passes over the training set.")
-@click.option("--batch-size", type=click.IntRange(min=2), default=128, show_default=True,
-              help="Images per training step.")
+@click.option("--batch-size", type=click.IntRange(min=2), default=None,
+              help="Images per training step  [default: 128, or LIMIT where that is smaller]")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: the GPU when there is one, else the CPU through Triton's interpreter.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the initial weights and batch order.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("demo-out"),
-              show_default=True, help="Folder for loss_curves.png and summary.json.")
+              show_default=True, help="Folder for loss_curves.png and summary.json (checked writable first).")
 @click.option("--limit", type=click.IntRange(min=2), default=None,
-              help="Train on the first LIMIT training images only (a quick check; accuracy suffers).")
+              help="Train on the first LIMIT of the 1438 training images only, for a quick check (accuracy "
+                   "suffers); the test set stays whole.")
 def demo(epochs, batch_size, device, seed, out, limit):
     """Train a small CNN on scikit-learn's digits with nnkernels beside its torch.nn twin.
 
     Both start from the same weights and see the same batches; every convolution, batch
     norm and pooling of the nnkernels network, forward and backward, runs nnkernels'
     kernels. Prints both test accuracies, the largest loss difference and the kernels that
-    ran; saves the loss curves (PNG) and a JSON summary.
+    ran; saves the loss curves (PNG) and a JSON summary. Needs the demo extra:
+    pip install 'nnkernels[demo]'.
     """
+    require_extra("demo", "matplotlib", "sklearn")
     from . import demo as demo_module
 
     demo_module.check_device(device)
+    demo_module.check_out(out)
     demo_module.run(epochs=epochs, batch_size=batch_size, device=device, seed=seed, out=out, limit=limit)
+
+
+@cli.command()
+@click.argument("model", metavar="MODEL")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Images per step.")
+@click.option("--image-size", type=click.IntRange(min=1), default=224, show_default=True,
+              help="Height and width of the images.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
+              help="bf16 and fp16 run the step under torch.autocast, as mixed-precision training does.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto: the GPU when there is one, else the CPU through Triton's interpreter.")
+@click.option("--channels-last", is_flag=True, help="Model and images in torch.channels_last.")
+def tune(model, batch_size, image_size, dtype, device, channels_last):
+    """Compile and tune, ahead of training, every kernel one training step of MODEL needs.
+
+    MODEL is a torchvision model name (resnet50; needs torchvision) or module:function, a function of no
+    arguments returning a torch.nn.Module. The model is converted with nnkernels.convert and one forward and
+    backward run on random images through nnkernels.warmup; on the GPU the tuned choices are remembered for
+    the training that follows.
+    """
+    from . import demo, tune_model
+
+    demo.check_device(device)
+    tune_model.run(model, batch_size=batch_size, image_size=image_size, dtype=dtype, device=device,
+                   channels_last=channels_last)
 
 
 def _resolve_kernels(names):
@@ -77,21 +134,29 @@ def _resolve_kernels(names):
 
 
 @cli.command("compile")
-@click.option("--target", default="sm_90", show_default=True, help="GPU architecture, e.g. sm_80, sm_90.")
+@click.option("--target", default="sm_90", show_default=True,
+              help=f"GPU architecture: {', '.join(COMPILE_TARGETS)}.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output folder  [default: build/<target>]")
 @click.option("--dtype", "dtypes", type=click.Choice(DTYPES), multiple=True,
               help="Element type(s) to build each kernel for (repeatable)  [default: fp32]")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Compiler processes run at once  [default: one per CPU, at most 8]")
 @click.argument("kernels", nargs=-1, metavar="[KERNEL]...")
-def compile_command(target, out, dtypes, kernels):
+def compile_command(target, out, dtypes, jobs, kernels):
     """Compile the catalogue (or the named KERNELs) ahead of time; needs no GPU.
 
     Writes <id>.ptx and <id>.cubin for each kernel's example instance, and manifest.json:
     id, hash, entry-point name, signature, constants, target, shared memory, num_warps.
+    Kernels compile in parallel child processes, with a progress bar when stderr is a terminal.
     """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     import torch
 
-    from .kernel import compile_all, parse_target
+    from ._aot import compile_in_subprocess, default_jobs
+    from .kernel import parse_target
 
     try:
         parse_target(target)
@@ -101,8 +166,16 @@ def compile_command(target, out, dtypes, kernels):
     dtype_of = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     instances = [cls.example(dtype_of[d]) for cls in classes for d in (dtypes or ("fp32",))]
     out = out or Path("build") / target
-    click.echo(f"compiling {len(instances)} kernel(s) for {target} ...", err=True)
-    built = compile_all(instances, target)
+    jobs = min(jobs, len(instances)) if jobs else default_jobs(len(instances))
+    click.echo(f"compiling {len(instances)} kernel(s) for {target} in {jobs} process(es) ...", err=True)
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.description}"), console=console, transient=True,
+                        disable=not console.is_terminal)
+    with progress:
+        task = progress.add_task("", total=len(instances))
+        built = compile_in_subprocess(instances, target, jobs,
+                                      on_done=lambda kernel: progress.update(task, advance=1, description=kernel.id))
     out.mkdir(parents=True, exist_ok=True)
     manifest = []
     for kernel, compiled in zip(instances, built):
@@ -137,24 +210,39 @@ def kernel_users() -> dict:
     return users
 
 
+def signature_runs(arg_types) -> str:
+    """A launch signature as runs of arguments of one type, in order: `dy, x, w: *dtype; B, C_IN: i32`."""
+    runs: list = []
+    for arg, kind in arg_types.items():
+        kind = kind.replace("*D", "*dtype")
+        if runs and runs[-1][1] == kind:
+            runs[-1][0].append(arg)
+        else:
+            runs.append(([arg], kind))
+    return "; ".join(f"{', '.join(args)}: {kind}" for args, kind in runs)
+
+
 @cli.command("list")
 def list_command():
-    """Show the kernel catalogue: kernel, constants, launch signature and the functional op using it."""
+    """Show the kernel catalogue: kernel, the functional op using it, constants and launch signature."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     from .kernel import catalogue
 
     users = kernel_users()
-    table = Table(title="nnkernels catalogue", show_lines=True)
-    for column in ("kernel", "constants (example)", "launch signature", "used by"):
-        table.add_column(column, overflow="fold")
+    # As wide as the terminal (80 columns where there is none): the names whole, the other cells wrapped.
+    table = Table(title="nnkernels catalogue", box=box.SIMPLE_HEAD, show_lines=True, expand=True,
+                  pad_edge=False)
+    table.add_column("kernel (used by)", no_wrap=True, width=max(len(cls.__name__) for cls in catalogue()))
+    table.add_column("constants (example)", overflow="fold", ratio=5)
+    table.add_column("launch signature", overflow="fold", ratio=4)
     for cls in catalogue():
         constants = ", ".join(f"{c.lower()}={v}" for c, v in zip(cls.constant_names, cls.example_constants))
-        signature = ", ".join(f"{a}: {t.replace('*D', '*dtype')}" for a, t in cls._arg_types.items())
         used_by = ", ".join(users.get(cls, [])) or ("seed (spec)" if cls.seed else "-")
-        table.add_row(cls.__name__, constants, signature, used_by)
-    Console(width=max(Console().width, 140)).print(table)
+        table.add_row(f"{cls.__name__}\n[dim]({used_by})[/dim]", constants, signature_runs(cls._arg_types))
+    Console().print(table)
 
 
 def bench_suites() -> tuple:
@@ -176,7 +264,8 @@ def bench(quick, out, names):
     """Benchmark SUITEs (default: conv2d, avg_pool2d, batch_norm) against PyTorch on the GPU; `models` takes the
     torchvision models to train (default: the five it lists), and `host` times each op's host path.
 
-    Prints each table, writes <suite>.csv and a PNG chart of the speed-up per case.
+    Prints each table, writes <suite>.csv and a PNG chart of the speed-up per case. Needs the bench extra:
+    pip install 'nnkernels[bench]'.
     """
     from rich.console import Console
 
@@ -190,6 +279,7 @@ def bench(quick, out, names):
         raise click.BadParameter(f"unknown suite(s) {', '.join(unknown)}; expected some of {', '.join(known)}",
                                  param_hint="SUITE")
     harness.require_gpu()
+    require_extra("bench", "matplotlib", *(["torchvision"] if "models" in suites else []))
     console = Console(stderr=True)
     for name in suites or bench_package.SUITES:
         module = importlib.import_module(f"nnkernels.bench.{name.replace('-', '_')}")

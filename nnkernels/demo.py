@@ -43,6 +43,23 @@ def check_device(device: str):
         )
 
 
+def check_out(out: Path):
+    """An `--out` that cannot hold the results is bad usage, said before any training: the folder is made
+    (with its parents) and a file written and removed there."""
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise click.BadParameter(f"{out}: cannot write there ({err.strerror or err})", param_hint="--out") from None
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def load_digits(seed: int, device):
     """The digits as (N, 1, 8, 8) fp32 images standardised with the training set's statistics,
     split into train and test sets by a seeded shuffle."""
@@ -87,14 +104,14 @@ def accuracy(model, images, labels) -> float:
 def train_twins(train_x, train_y, epochs, batch_size, device, seed, on_step=None):
     """Train the nnkernels network and its torch twin side by side; returns (ours, twin, history).
 
-    history["ours"] and history["torch"] hold each step's training loss.
+    history["nnkernels"] and history["torch"] hold each step's training loss.
     """
     torch.manual_seed(seed)
     twin = make_cnn(torch.nn).to(device)
     ours = make_cnn(nnk).to(device)
     ours.load_state_dict(twin.state_dict())
     optimisers = [torch.optim.Adam(m.parameters(), lr=LEARNING_RATE) for m in (ours, twin)]
-    history = {"ours": [], "torch": []}
+    history = {"nnkernels": [], "torch": []}
     batch_order = torch.Generator().manual_seed(seed + 1)
     for _ in range(epochs):
         # Full batches only (the remainder is dropped, as DataLoader(drop_last=True) does): one
@@ -102,7 +119,7 @@ def train_twins(train_x, train_y, epochs, batch_size, device, seed, on_step=None
         order = torch.randperm(len(train_y), generator=batch_order)
         for batch in order.split(batch_size)[: len(train_y) // batch_size]:
             batch = batch.to(device)
-            for model, optimiser, key in ((ours, optimisers[0], "ours"), (twin, optimisers[1], "torch")):
+            for model, optimiser, key in ((ours, optimisers[0], "nnkernels"), (twin, optimisers[1], "torch")):
                 loss = torch.nn.functional.cross_entropy(model(train_x[batch]), train_y[batch])
                 optimiser.zero_grad(set_to_none=True)
                 loss.backward()
@@ -154,7 +171,7 @@ def plot_losses(history, path: Path, title: str):
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(history["torch"], label="torch.nn", linewidth=3, alpha=0.5, color="tab:blue")
-    ax.plot(history["ours"], label="nnkernels.nn", linewidth=1.2, color="tab:orange")
+    ax.plot(history["nnkernels"], label="nnkernels.nn", linewidth=1.2, color="tab:orange")
     ax.set_xlabel("training step")
     ax.set_ylabel("cross-entropy loss")
     ax.set_yscale("log")
@@ -185,32 +202,34 @@ def _exact_and_untuned():
 def run(epochs=None, batch_size=None, device="auto", seed=0, out=Path("demo-out"), limit=None, console=None) -> dict:
     """The whole demo: train both networks with a progress bar, print the results, save PNG + JSON.
 
-    `limit` trains on the first `limit` training images only (quick checks); the test set stays whole.
+    `limit` trains on the first `limit` training images only (quick checks); the test set stays whole. Without
+    `batch_size`, a batch is DEFAULT_BATCH_SIZE images, or all of them where there are fewer.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     epochs = epochs or DEFAULT_EPOCHS
-    batch_size = batch_size or DEFAULT_BATCH_SIZE
+    check_out(out)
     if device == "auto":
         device = "cpu" if INTERPRETED else "cuda"
     console = console or Console()
     started = time.perf_counter()
     (train_x, train_y), (test_x, test_y) = load_digits(seed, device)
     train_x, train_y = train_x[:limit], train_y[:limit]
+    batch_size = batch_size or min(DEFAULT_BATCH_SIZE, len(train_y))
     steps_per_epoch = len(train_y) // batch_size
     if steps_per_epoch == 0:
         raise click.BadParameter(f"{batch_size} is more than the {len(train_y)} training images",
                                  param_hint="--batch-size")
     where = "GPU, Triton compiled" if device == "cuda" else "CPU, Triton's interpreter"
-    console.print(f"nnkernels demo: digits {len(train_y)} train / {len(test_y)} test, {epochs} epochs of "
-                  f"{steps_per_epoch} steps, batch {batch_size}, Adam lr {LEARNING_RATE}, on the {where}")
+    console.print(f"nnkernels demo: digits {len(train_y)} train / {len(test_y)} test, {_plural(epochs, 'epoch')} of "
+                  f"{_plural(steps_per_epoch, 'step')}, batch {batch_size}, Adam lr {LEARNING_RATE}, on the {where}")
     progress = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                         TimeElapsedColumn(), console=console)
 
     def on_step(history):
         progress.update(task, advance=1,
-                        description=f"loss nnkernels {history['ours'][-1]:.4f}  torch {history['torch'][-1]:.4f}")
+                        description=f"loss nnkernels {history['nnkernels'][-1]:.4f}  torch {history['torch'][-1]:.4f}")
 
     with progress, _record_kernels() as kernels, _exact_and_untuned():
         task = progress.add_task("", total=epochs * steps_per_epoch)
@@ -218,7 +237,7 @@ def run(epochs=None, batch_size=None, device="auto", seed=0, out=Path("demo-out"
         ours_accuracy = accuracy(ours, test_x, test_y)
         twin_accuracy = accuracy(twin, test_x, test_y)
     seconds = time.perf_counter() - started
-    loss_gap = max(abs(a - b) for a, b in zip(history["ours"], history["torch"]))
+    loss_gap = max(abs(a - b) for a, b in zip(history["nnkernels"], history["torch"]))
     summary = {
         "device": device,
         "epochs": epochs,
@@ -228,7 +247,7 @@ def run(epochs=None, batch_size=None, device="auto", seed=0, out=Path("demo-out"
         "test_images": len(test_y),
         "test_accuracy": {"nnkernels": ours_accuracy, "torch": twin_accuracy},
         "max_loss_difference": loss_gap,
-        "final_loss": {"nnkernels": history["ours"][-1], "torch": history["torch"][-1]},
+        "final_loss": {"nnkernels": history["nnkernels"][-1], "torch": history["torch"][-1]},
         "kernels_ran": sorted(kernels),
         "seconds": round(seconds, 2),
         "loss_curves": history,

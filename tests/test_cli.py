@@ -32,11 +32,11 @@ def test_python_dash_m_runs_the_command():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-m", "nnkernels", "--help"], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
-    for command in ("demo", "compile", "list", "bench"):
+    for command in ("demo", "tune", "compile", "list", "bench"):
         assert command in done.stdout
 
 
-@pytest.mark.parametrize("command", ["demo", "compile", "list", "bench"])
+@pytest.mark.parametrize("command", ["demo", "tune", "compile", "list", "bench"])
 def test_every_subcommand_has_help(capsys, command):
     code, out, _ = nnkernels(capsys, command, "--help")
     assert code == 0
@@ -52,6 +52,10 @@ def test_every_subcommand_has_help(capsys, command):
     (["demo", "--epochs", "0"], "--epochs"),
     (["demo", "--device", "tpu"], "--device"),
     (["list", "--bogus"], "--bogus"),
+    (["tune"], "MODEL"),
+    (["tune", "no_such_module_here:model"], "no_such_module_here"),
+    (["tune", "--dtype", "fp64", "m:f"], "--dtype"),
+    (["compile", "--jobs", "0"], "--jobs"),
 ])
 def test_bad_usage_exits_2_naming_the_problem(capsys, args, where):
     code, out, err = nnkernels(capsys, *args)
@@ -81,18 +85,18 @@ def test_list_shows_every_kernel_with_its_signature_and_user(capsys):
 
     code, out, _ = nnkernels(capsys, "list")
     assert code == 0
-    flat = re.sub(r"[\s│┃|]+", " ", out)
     for cls in catalogue():
         assert cls.__name__ in out
-    assert "dy: *dtype" in flat and "C_IN: i32" in flat and "eps: fp32" in flat
+    # tests/test_cli_list.py reads every row's signature back out of the wrapped cells
     assert "conv2d" in out and "avg_pool2d" in out and "batch_norm" in out
 
 
 @pytest.mark.parametrize("target", ["sm_90", "sm_80"])
 def test_compile_writes_ptx_cubin_and_manifest(capsys, tmp_path, target):
-    code, out, _ = nnkernels(capsys, "compile", "--target", target, "--out", str(tmp_path),
-                             "--dtype", "bf16", "Avgpool2dForward", "conv2d_backward")
+    code, out, err = nnkernels(capsys, "compile", "--target", target, "--out", str(tmp_path),
+                               "--dtype", "bf16", "Avgpool2dForward", "conv2d_backward")
     assert code == 0, out
+    assert "compiling 2 kernel(s)" in err
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["target"] == target
     assert [k["kernel"] for k in manifest["kernels"]] == ["Avgpool2dForward", "Conv2dBackward"]
