@@ -23,7 +23,7 @@ from .common import FLOAT_DTYPES, ArgumentError, PlanCache, building, elsewhere,
 from .conv_algorithms import dw_pass, dx_pass, forward_pass
 from .double_backward import conv2d_grads, require_in_graph
 from .conv_problem import Problem, output_size, tf32_products
-from .layout import channels_last_copy, channels_last_copy_kernels
+from .layout import channels_last_copy_kernels, channels_last_pair_copy, channels_last_pair_kernels
 from .streams import side_by_side
 
 INT32_LIMIT = 2**31
@@ -249,21 +249,23 @@ def _tuned(pass_, time_with):
 
 
 class _BackwardRunner:
-    """dx and dw (with dbias) of one backward, sharing dy's channels-last copy where both read one."""
+    """dx and dw (with dbias) of one backward. Where both read dy channels-last, one launch copies dy and x (which
+    the channels-last dw reads too) for both: `copy_operands(dy, x)` -> (dy_cl, x_cl)."""
 
-    def __init__(self, dx_run, dw_run, copy_dy, device, ids):
-        self.dx_run, self.dw_run, self.copy_dy, self.device, self.ids = dx_run, dw_run, copy_dy, device, ids
+    def __init__(self, dx_run, dw_run, copy_operands, device, ids):
+        self.dx_run, self.dw_run, self.copy_operands, self.device, self.ids = dx_run, dw_run, copy_operands, device, ids
 
     def __call__(self, dy, x, weight):
-        dy_cl = self.copy_dy(dy) if self.copy_dy is not None else None
+        copies = self.copy_operands(dy, x) if self.copy_operands is not None else None
+        dy_cl = copies[0] if copies is not None else None
         dx_run, dw_run = self.dx_run, self.dw_run
         if dx_run is not None and dw_run is not None:
             dx, (dw, dbias) = side_by_side(self.device, lambda: dx_run(dy, weight, dy_cl),
-                                           lambda: dw_run(dy, x, dy_cl))
+                                           lambda: dw_run(dy, x, copies))
             return dx, dw, dbias
         if dx_run is not None:
-            return dx_run(dy, weight, dy_cl), None, None
-        return (None, *dw_run(dy, x, dy_cl))
+            return dx_run(dy, weight, None), None, None
+        return (None, *dw_run(dy, x, None))
 
 
 def _backward_runner(p, needs, dy, x, weight):
@@ -288,20 +290,23 @@ def _backward_runner(p, needs, dy, x, weight):
         if not need_dw:
             dw_run = _bias_only(dw_run)
     shares = len(reads) == 2 and all(reads)
-    copy_dy = channels_last_copy(p.y_shape, p.dtype, p.device) if shares else None
-    return _BackwardRunner(dx_run, dw_run, copy_dy, p.device, _shared(p, dx_ids, dw_ids) if shares else ids)
+    copy_operands = channels_last_pair_copy(p.y_shape, p.x_shape, p.dtype, p.device) if shares else None
+    return _BackwardRunner(dx_run, dw_run, copy_operands, p.device, _shared(p, dx_ids, dw_ids) if shares else ids)
 
 
 def _shared(p, dx_ids, dw_ids):
-    """The kernel ids of a backward whose dx and dw share one channels-last copy of dy: that copy first, then each
-    pass's kernels less its own copy of dy."""
-    shared = channels_last_copy_kernels(p.y_shape, p.dtype)[0].id
+    """The kernel ids of a backward whose dx and dw both read dy channels-last: the one launch that copies dy and x,
+    then dx's kernels less its copy of dy, then dw's less its copies of dy and x."""
+    dy_copy, x_copy = (channels_last_copy_kernels(shape, p.dtype)[0].id for shape in (p.y_shape, p.x_shape))
 
-    def without_copy(ids):
-        index = ids.index(shared)
-        return ids[:index] + ids[index + 1:]
+    def without(ids, *copies):
+        ids = list(ids)
+        for copy in copies:
+            ids.remove(copy)
+        return ids
 
-    return [shared] + without_copy(dx_ids) + without_copy(dw_ids)
+    return ([k.id for k in channels_last_pair_kernels(p.y_shape, p.x_shape, p.dtype)] + without(dx_ids, dy_copy)
+            + without(dw_ids, dy_copy, x_copy))
 
 
 def _as_dx(forward_run):
@@ -309,8 +314,8 @@ def _as_dx(forward_run):
 
 
 def _bias_only(dw_run):
-    def run(dy, x, dy_cl):
-        return None, dw_run(dy, x, dy_cl)[1]
+    def run(dy, x, copies):
+        return None, dw_run(dy, x, copies)[1]
 
     return run
 

@@ -4,7 +4,8 @@ function that allocates the copy and launches its kernel (a `Launcher`) on every
 - `channels_last_copy(shape, dtype, device)`: t -> t.permute(0, 2, 3, 1).contiguous() for [N, C, H, W]
   (`ChannelsLastCopy`, a tile transpose, bit for bit torch's copy);
 - `channels_first_copy(shape, dtype, device)`: [N, H, W, C] -> [N, C, H, W], the same transpose the other way;
-- `channels_last_pair_copy(x_shape, w_shape, dtype, device)`: a convolution's input and weight in one launch;
+- `channels_last_pair_copy(x_shape, w_shape, dtype, device)`: two of those copies in one launch (a convolution's
+  input and weight; a backward's dy and x);
 - `subsample_copy(shape, stride, dtype, device)`: t[:, :, ::s_h, ::s_w].contiguous(), and
   `subsample_adjoint(...)`, its adjoint (zeros off the lattice).
 Each factory's `*_kernels` twin names the kernels its copy launches (none for an empty tensor), for the lists of
@@ -77,7 +78,8 @@ def channels_last_pair_kernels(x_shape, w_shape, dtype):
 
 
 def channels_last_pair_copy(x_shape, w_shape, dtype, device):
-    """(x, weight) -> (channels-last x, channels-last weight), in one launch of `ChannelsLastCopyPair`."""
+    """(x, weight) -> (channels-last x, channels-last weight), in one launch of `ChannelsLastCopyPair`; any two 4-D
+    tensors, the second's last two dimensions taken as one."""
     n, c, h, w = x_shape
     c_out, c_in, kh, kw = w_shape
     if not _pair_in_one_launch(x_shape, w_shape):

@@ -131,7 +131,7 @@ def forward_copies(p) -> list:
 
 
 def channels_last_operand_copies(p) -> list:
-    """The copies `channels_last_operands` launches: dy (unless the backward shares its copy), then x."""
+    """The copies `channels_last_operands` launches: dy, then x (unless the backward made them)."""
     return channels_last_copy_kernels(p.y_shape, p.dtype) + channels_last_copy_kernels(p.x_shape, p.dtype)
 
 
@@ -260,9 +260,10 @@ class ClDw(Algorithm):
 
 
 def channels_last_operands(p):
-    """(dy, x, dy_cl) -> (channels-last dy, channels-last x): the operands of the channels-last and TMA dw kernels."""
+    """(dy, x, copies) -> (channels-last dy, channels-last x): the operands of the channels-last and TMA dw kernels,
+    `copies` where the backward made them for dx and dw (`conv._BackwardRunner`), else copied here."""
     copy_dy, copy_x = (channels_last_copy(shape, p.dtype, p.device) for shape in (p.y_shape, p.x_shape))
-    return lambda dy, x, dy_cl: (dy_cl if dy_cl is not None else copy_dy(dy), copy_x(x))
+    return lambda dy, x, copies: copies if copies is not None else (copy_dy(dy), copy_x(x))
 
 
 FORWARD = register(ClForward())

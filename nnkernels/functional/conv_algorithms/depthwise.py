@@ -131,7 +131,7 @@ class DepthwiseDw(_Depthwise):
     def runner(self, p, tile):
         product, reduce = (Launcher(k) for k in self.kernels(p, tile))
         return split_weight_gradient(p, dw_split(p, tile), product, reduce, p.launch_sizes,
-                                     lambda dy, x, dy_cl: (dy, x))
+                                     lambda dy, x, copies: (dy, x))
 
 
 FORWARD = register(DepthwiseForward())

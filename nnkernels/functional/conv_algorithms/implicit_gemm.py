@@ -126,7 +126,7 @@ class GemmDw(_Anywhere):
 
     def runner(self, p, config):
         product, reduce = (Launcher(k) for k in self.kernels(p, config))
-        return split_weight_gradient(p, config.split, product, reduce, p.launch_sizes, lambda dy, x, dy_cl: (dy, x))
+        return split_weight_gradient(p, config.split, product, reduce, p.launch_sizes, lambda dy, x, copies: (dy, x))
 
 
 FORWARD = register(GemmForward())

@@ -46,16 +46,16 @@ def dw_split(tiles: int, pixels: int, block_k: int, oversubscribe: int, machine)
 
 
 def split_weight_gradient(p, split, product, reduce, sizes, operands):
-    """The runner of a split dw: `product(*operands(dy, x, dy_cl), partial, *sizes, split)` into `split` fp32 rows,
+    """The runner of a split dw: `product(*operands(dy, x, copies), partial, *sizes, split)` into `split` fp32 rows,
     then `reduce` their ordered sum into dw (and dbias, where p has a bias)."""
     row, with_bias = partial_row(p, p.has_bias), p.has_bias
     w_shape, dtype, c_out, n_dw = p.w_shape, p.dtype, p.C_OUT, p.C_OUT * p.cin_per_group * p.KH * p.KW
 
     new, new_f32 = allocator(dtype, p.device), allocator(torch.float32, p.device)
 
-    def run(dy, x, dy_cl):
+    def run(dy, x, copies):
         partial = new_f32(split, row)
-        product(*operands(dy, x, dy_cl), partial, *sizes, split)
+        product(*operands(dy, x, copies), partial, *sizes, split)
         dw = new(*w_shape)
         dbias = new(c_out) if with_bias else None
         reduce(partial, dw, dw if dbias is None else dbias, split, n_dw, c_out)

@@ -171,7 +171,7 @@ class PointwiseDw(_Pointwise):
         product, reduce = (Launcher(k) for k in self.kernels(p, config)[-2:])
         subsample = subsample_copy(p.x_shape, p.stride, p.dtype, p.device) if p.subsampled else None
         return split_weight_gradient(p, config.split, product, reduce, (p.B, p.C_IN, p.C_OUT, p.OH * p.OW),
-                                     lambda dy, x, dy_cl: (dy, subsample(x) if subsample is not None else x))
+                                     lambda dy, x, copies: (dy, subsample(x) if subsample is not None else x))
 
 
 FORWARD = register(PointwiseForward())

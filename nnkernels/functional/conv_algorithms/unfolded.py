@@ -122,7 +122,7 @@ class UnfoldedDw(Algorithm):
         total_rows = len(slices) * split
         new, new_f32 = allocator(dtype, device), allocator(torch.float32, device)
 
-        def run(dy, x, dy_cl):
+        def run(dy, x, copies):
             partial = new_f32(total_rows, row)
             for index, (first, end, columns, grad_rows, (images, pixels), launch) in enumerate(parts):
                 dy_part = dy[first:end]

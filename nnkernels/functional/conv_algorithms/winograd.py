@@ -137,7 +137,7 @@ class WinogradDw(Algorithm):
         tiles, device, w_shape, with_bias = tiles_of(batch, height, width), p.device, p.w_shape, p.has_bias
         row, new = products_row_size(c_out, c_in, with_bias), allocator(torch.float32, device)
 
-        def run(dy, x, dy_cl):
+        def run(dy, x, copies):
             u = new(POINTS, c_in, tiles)
             input_transform(x, u, batch, c_in, height, width)
             d = new(POINTS, c_out, tiles)
