@@ -439,7 +439,8 @@ class _TrainUpdatingRunningStats(torch.autograd.Function):
 def _kernel_classes():
     from ..kernel import catalogue
 
-    return tuple(cls for cls in catalogue() if cls.__module__.startswith("nnkernels.ops.batch_norm.") and not cls.seed)
+    return tuple(cls for cls in catalogue() if cls.__module__.startswith("nnkernels.ops.batch_norm.") and not cls.seed
+                 and cls.__module__ != "nnkernels.ops.batch_norm.sync")  # SyncBatchNorm's own
 
 
 register_kernels("batch_norm", _kernel_classes())

@@ -34,7 +34,7 @@ from ..ops.common.host_math import cdiv, next_power_of_2
 from . import batchnorm
 from .batchnorm_algorithms import (F32, BatchNormProblem, split_candidates, sync_backward_runners,
                                    sync_statistics_runner)
-from .common import FLOAT_DTYPES, ArgumentError, PlanCache, aligned, kernel, refuse_double_backward
+from .common import FLOAT_DTYPES, ArgumentError, PlanCache, aligned, kernel, refuse_double_backward, register_kernels
 
 _PLANS = PlanCache()
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
@@ -256,3 +256,7 @@ def sync_batch_norm(x, running_mean, running_var, weight=None, bias=None, moment
     if world_size is None:
         world_size = dist.get_world_size(group)
     return _SyncTrain.apply(x, weight, bias, (running_mean, running_var), momentum, eps, group, world_size)
+
+
+# It also launches batch norm's split statistics, backward sums and normalising kernels (listed under batch_norm).
+register_kernels("sync_batch_norm", (BatchNorm2dMergePartialStats, BatchNorm2dSyncStats))
