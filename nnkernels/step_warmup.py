@@ -55,9 +55,12 @@ def warmup(model: torch.nn.Module, example_inputs, *, backward: bool = True, pro
     began = time.perf_counter()
     bar, task, hooks = None, None, []
     if progress and layers:
+        from rich.console import Console
         from rich.progress import Progress
 
-        bar = Progress(transient=True)
+        console = Console()
+        # Off where the output is not a terminal: there the bar would only leave an empty line behind.
+        bar = Progress(transient=True, console=console, disable=not console.is_terminal)
         # One step per layer's forward, then the backward as one (hooks inside it would clash with in-place ops).
         task = bar.add_task("nnkernels: compiling and tuning", total=len(layers) + (1 if backward else 0))
         hooks = [layer.register_forward_hook(lambda *_: bar.advance(task)) for layer in layers]

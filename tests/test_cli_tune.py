@@ -33,6 +33,7 @@ def test_tune_warms_up_a_module_function_model(capsys, channels_last):
     assert code == 0, err
     assert "swapped 2 Conv2d, 1 AvgPool2d, 1 BatchNorm2d" in out
     assert "nnkernels.warmup: 4 nnkernels layers, forward and backward" in out
+    assert "\n\n" not in out  # no trace of the progress bar where the output is not a terminal
 
 
 @pytest.mark.parametrize("model, says", [
