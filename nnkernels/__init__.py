@@ -43,9 +43,10 @@ class _ModeFirst:
 
     def find_spec(self, name, path=None, target=None):
         if name.startswith("nnkernels.") and name not in _LIGHT:
+            # Removed only once _mode has run, so that another thread's first import waits for it too.
+            importlib.import_module("nnkernels._mode")
             with contextlib.suppress(ValueError):  # another thread may have removed it
                 sys.meta_path.remove(self)
-            importlib.import_module("nnkernels._mode")
         return None  # the ordinary finders load `name` itself
 
 
