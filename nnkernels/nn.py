@@ -264,7 +264,8 @@ class ConversionSummary:
     left: list = field(default_factory=list)  # (qualified name, kind, reason)
 
     def __str__(self):
-        counts = ", ".join(f"{n} {kind}" for kind, n in self.swapped.items())
+        # SyncBatchNorm only where a model has one: most do not
+        counts = ", ".join(f"{n} {kind}" for kind, n in self.swapped.items() if n or kind != "SyncBatchNorm")
         lines = [f"nnkernels.convert: swapped {counts}; left {len(self.left)}"]
         lines += [f"  left {name} ({kind}): {reason}" for name, kind, reason in self.left]
         return "\n".join(lines)

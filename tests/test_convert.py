@@ -55,7 +55,7 @@ def test_convert_swaps_supported_layers_in_place_sharing_parameters_and_buffers(
     assert list(model.state_dict()) == keys
 
     summary = model.nnkernels_summary
-    assert dict(summary.swapped) == {"Conv2d": 1, "AvgPool2d": 1, "BatchNorm2d": 1}
+    assert dict(summary.swapped) == {"Conv2d": 1, "AvgPool2d": 1, "BatchNorm2d": 1, "SyncBatchNorm": 0}
     left = {name: reason for name, _, reason in summary.left}
     assert set(left) == {"4", "6", "7"}
     assert "padding_mode='reflect'" in left["4"]
@@ -84,7 +84,8 @@ def test_convert_of_a_bare_layer_returns_its_replacement_and_is_idempotent():
     assert type(converted) is nnk.Conv2d and converted.weight is conv.weight
     again = convert(converted)
     assert again is converted and dict(again.nnkernels_summary.swapped) == {"Conv2d": 0, "AvgPool2d": 0,
-                                                                             "BatchNorm2d": 0}
+                                                                             "BatchNorm2d": 0,
+                                                                             "SyncBatchNorm": 0}
 
 
 def test_convert_rejects_what_is_not_a_module():
