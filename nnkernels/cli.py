@@ -261,7 +261,7 @@ def bench_suites() -> tuple:
               show_default=True, help="Folder for <suite>.csv and <suite>.png.")
 @click.argument("names", nargs=-1, metavar="[SUITE]... | models [MODEL]...")
 def bench(quick, out, names):
-    """Benchmark SUITEs (default: conv2d, avg_pool2d, batch_norm) against PyTorch on the GPU; `models` takes the
+    """Benchmark SUITEs (default: conv2d, avg-pool2d, batch-norm) against PyTorch on the GPU; `models` takes the
     torchvision models to train (default: the five it lists), and `host` times each op's host path.
 
     Prints each table, writes <suite>.csv and a PNG chart of the speed-up per case. Needs the bench extra:
@@ -274,6 +274,7 @@ def bench(quick, out, names):
 
     known = bench_suites()
     suites, arguments = (names[:1], names[1:]) if names[:1] == ("models",) else (names, ())
+    suites = tuple(name.replace("_", "-") for name in suites)  # avg_pool2d as the module names it, too
     unknown = [name for name in suites if name not in known]
     if unknown:
         raise click.BadParameter(f"unknown suite(s) {', '.join(unknown)}; expected some of {', '.join(known)}",

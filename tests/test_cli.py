@@ -78,6 +78,15 @@ def test_bench_refuses_without_a_gpu_in_one_line(capsys, tmp_path):
     assert not any(tmp_path.iterdir())
     code, _, err = nnkernels(capsys, "--debug", "bench", "conv2d")
     assert code == 1 and "Traceback" in err
+    for spelling in ("avg_pool2d", "avg-pool2d"):  # both spellings name the suite; only the GPU is missing
+        code, _, err = nnkernels(capsys, "bench", "--out", str(tmp_path), spelling)
+        assert code == 1 and "need a CUDA GPU" in err
+
+
+def test_bench_names_an_unknown_suite(capsys, tmp_path):
+    code, _, err = nnkernels(capsys, "bench", "--out", str(tmp_path), "max_pool2d")
+    assert code == 2 and "unknown suite(s) max-pool2d" in err and "avg-pool2d" in err
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
 def test_list_shows_every_kernel_with_its_signature_and_user(capsys):

@@ -1,6 +1,6 @@
 """The instruction mix of one kernel object's sm_90 code, without a GPU: how many instructions of
 each opcode its cubin holds, and its registers per thread. For kernels bound by instructions
-rather than bytes (BENCHMARKS.md, the depthwise rewrite): loads, predicates and address
+rather than bytes (docs/notes.md, depthwise): loads, predicates and address
 arithmetic per FMA are read here before any device time is spent.
 
     PYTHONPATH=. python3 tools/kernel_sass.py CLASS DTYPE CONSTANT... [--warps N] [--listing]

@@ -7,11 +7,11 @@ them leave the GPU partly idle (memory-bound 1x1 products at a quarter of the co
 last wave fills few SMs), so running dw beside dx overlaps the two; the kernels and their results are
 the same, bit for bit. On the H200 (B32, backward, CUDA-graph replay, same process): bf16 1x1 256->64
 @56 62.8 -> 52.7 µs, TF32 97.6 -> 81.4; bf16 512@7 80.9 -> 73.8; the stem 278.0 -> 257.8 (bf16) and
-374.3 -> 353.8 (TF32); bf16 128@28 lost, 76.1 -> 81.5 (BENCHMARKS.md, thirteenth session).
+374.3 -> 353.8 (TF32); bf16 128@28 lost, 76.1 -> 81.5 (2026-12, torch 2.11, triton 3.6).
 
 Outside a capture the fork is not worth its host time: it costs 20 to 130 µs of Python and stream calls per
 backward, and an eager convolution's host time exceeds its GPU time, so the GPU has nothing to overlap. On
-the H200 machine (eager 3x3 forward + backward, eighteenth session) one after the other was faster at every
+the H200 machine (eager 3x3 forward + backward, 2026-12) one after the other was faster at every
 size tried, up to B128 64@56 fp32: 1.33 against 1.53 ms a step.
 
 Ordering is that of one stream: the side stream waits for everything queued on the current stream

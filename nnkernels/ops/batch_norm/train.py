@@ -225,7 +225,7 @@ def channel_group_tile(B, C, HW, CHANNELS, BLOCK_B: tl.constexpr, BLOCK_J: tl.co
     (b*C + c0)*HW + j and mask, each column's channel j // HW (from 0) and whether the column is in range.
     Row starts and the row length min(CHANNELS, C - c0)*HW are multiples of VECTOR (fused_entry checks it),
     and said to the compiler: launched on 16-byte aligned tensors, the loads and stores take VECTOR
-    elements each (16 bytes in fp32 with VECTOR 4; BENCHMARKS.md, fifteenth session)."""
+    elements each (16 bytes in fp32 with VECTOR 4; docs/notes.md, "Batch norm")."""
     c0 = tl.program_id(0) * CHANNELS
     row_length = tl.multiple_of(tl.minimum(CHANNELS, C - c0) * HW, VECTOR)
     b = tl.arange(0, BLOCK_B)

@@ -108,7 +108,7 @@ def sums_beside_dot(sums, pointers, mask, AXIS: tl.constexpr):
     load has its own eviction policy, so the compiler does not merge the two loads; it reads the tile
     from registers, and the product's ring keeps its full depth (tests/test_pipeline_rings.py).
     It cost the 1x1 dw 1.2x to 1.5x its time without bias, so the split dw kernels give the bias sums
-    programs of their own instead (1.0x to 1.1x on most shapes; BENCHMARKS.md, twentieth session). The
+    programs of their own instead (1.0x to 1.1x on most shapes; docs/notes.md, "Weight gradients"). The
     Winograd products keep it: only the first column tile of one of their 16 points sums."""
     tile = tl.load(pointers, mask=mask, other=0.0, eviction_policy="evict_first")
     return sums + tl.sum(tile.to(tl.float32), axis=AXIS)
