@@ -274,8 +274,8 @@ def bench(quick, out, names):
 
     known = bench_suites()
     suites, arguments = (names[:1], names[1:]) if names[:1] == ("models",) else (names, ())
-    suites = tuple(name.replace("_", "-") for name in suites)  # avg_pool2d as the module names it, too
-    unknown = [name for name in suites if name not in known]
+    unknown = [name for name in suites if name.replace("_", "-") not in known]  # avg_pool2d as the module names it, too
+    suites = tuple(name.replace("_", "-") for name in suites)
     if unknown:
         raise click.BadParameter(f"unknown suite(s) {', '.join(unknown)}; expected some of {', '.join(known)}",
                                  param_hint="SUITE")

@@ -144,3 +144,10 @@ def test_double_backward_through_the_compiled_operators_is_refused_loudly(fn, ba
     assert op is not None
     with pytest.raises(RuntimeError, match=rf"nnkernels\.{backward_op}.*no autograd formula"), compiled_ops():
         torch.autograd.gradgradcheck(fn, (x,), eps=EPS, atol=ATOL, rtol=RTOL, fast_mode=True)
+
+
+@pytest.mark.parametrize("fn, backward_op", DOUBLE_BACKWARD)
+def test_gradgradcheck_passes_eagerly_in_float32(fn, backward_op):
+    """Second derivatives, eagerly: torch's finite-difference check of the backward, at fp32 tolerances."""
+    x = leaf(2, 3, 4, 4)
+    assert torch.autograd.gradgradcheck(fn, (x,), eps=EPS, atol=ATOL, rtol=RTOL, fast_mode=True)
