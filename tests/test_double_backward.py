@@ -83,14 +83,12 @@ def test_conv2d_unbatched_second_derivatives_match_torch(differentiated):
 
 @pytest.mark.parametrize("make_input", [lambda: randn(3, 5, 6), lambda: randn(2, 5, 6, 3).permute(0, 3, 1, 2)],
                          ids=["unbatched", "channels-last"])
-def test_conv2d_second_derivatives_through_a_copied_input_are_refused(make_input):
-    """An unbatched or non-contiguous input reaches the backward as the forward's copy (or 4-D view), outside the
-    caller's graph: where input and weight both require grad, create_graph raises rather than give derivatives
-    that would miss dw's dependence on x."""
-    x, w = make_input().requires_grad_(), randn(2, 3, 2, 2).requires_grad_()
-    y = conv2d(x, w, padding=1)
-    with pytest.raises(RuntimeError, match="second derivatives .* not implemented where the forward copied"):
-        torch.autograd.grad((y * y).sum(), (x, w), create_graph=True)
+def test_conv2d_second_derivatives_through_a_copied_input_match_torch(make_input):
+    """An unbatched or non-contiguous input, which the plan reads as a 4-D view or a copy, with input, weight and
+    bias all differentiated: the backward works on the caller's tensors, so dw's dependence on x is kept."""
+    inputs = [make_input(), randn(2, 3, 2, 2), randn(2)]
+    assert_matches_torch(lambda x, w, b: conv2d(x, w, b, padding=1), lambda x, w, b: F.conv2d(x, w, b, padding=1),
+                         inputs)
 
 
 def test_conv2d_empty_batch_second_derivatives_are_zeros():

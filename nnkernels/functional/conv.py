@@ -21,7 +21,7 @@ from torch import Tensor
 from .. import machine
 from .common import FLOAT_DTYPES, ArgumentError, PlanCache, building, elsewhere, record, register_kernels
 from .conv_algorithms import dw_pass, dx_pass, forward_pass
-from .double_backward import conv2d_grads, require_in_graph
+from .double_backward import conv2d_grads
 from .conv_problem import Problem, output_size, tf32_products
 from .layout import channels_last_copy_kernels, channels_last_pair_copy, channels_last_pair_kernels
 from .streams import side_by_side
@@ -345,15 +345,16 @@ def _new_plan(x, weight, bias, stride, padding, dilation, groups):
 
 
 class _Conv2d(torch.autograd.Function):
-    """Eager autograd around a plan: the forward saves the tensors the plan made ready, the backward asks the plan
-    for the gradients autograd needs."""
+    """Eager autograd around a plan. The forward saves the caller's x and weight (as torch's convolution does; a
+    copy the plan made would lie outside the caller's graph); the backward makes them ready again, a no-op for
+    contiguous aligned tensors, and asks the plan for the gradients autograd needs, or, under create_graph=True,
+    computes them as differentiable convolutions."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, plan):
-        x, weight, bias = plan.prepare(x, weight, bias)
         ctx.save_for_backward(x, weight)
         ctx.plan = plan
-        y = plan.forward(x, weight, bias)
+        y = plan.forward(*plan.prepare(x, weight, bias))
         return y.squeeze(0) if plan.unbatched else y
 
     @staticmethod
@@ -363,10 +364,9 @@ class _Conv2d(torch.autograd.Function):
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2] and plan.has_bias)
         dy = dy.unsqueeze(0) if plan.unbatched else dy
         if torch.is_grad_enabled():  # create_graph=True: gradients as differentiable convolutions, not the plan's
-            if needs[0] and needs[1]:  # dw is a function of x, dx of the weight
-                require_in_graph("conv2d", (("input", x), ("weight", weight)))
-            dx, dw, dbias = conv2d_grads(dy, x, weight, *plan.args, needs)
+            dx, dw, dbias = conv2d_grads(dy, x.unsqueeze(0) if plan.unbatched else x, weight, *plan.args, needs)
         else:
+            x, weight, _ = plan.prepare(x, weight, None)
             dx, dw, dbias = plan.backward(dy, x, weight, needs)
         return (dx.squeeze(0) if plan.unbatched and dx is not None else dx), dw, dbias, None
 

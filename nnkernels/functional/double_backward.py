@@ -28,17 +28,6 @@ class Linear(torch.autograd.Function):
         return ctx.adjoint(g), None, None
 
 
-def require_in_graph(op, named):
-    """Raise where one of `named` ((name, saved tensor)) is a tensor the forward made ready and saved rather than
-    the caller's: a Function's forward runs without grad, so a copy, or an unbatched input's 4-D view, is outside
-    the caller's graph, and derivatives through it would come out zero without a word."""
-    for name, saved in named:
-        if not saved.requires_grad or (saved.grad_fn is None and saved._base is not None):
-            raise RuntimeError(f"{op}: second derivatives (autograd with create_graph=True) are not implemented "
-                               f"where the forward copied the {name} (an unbatched, non-contiguous or misaligned "
-                               f"{name}) while both the input and the weight require grad")
-
-
 # ---- conv2d ----
 
 def conv2d_grads(dy, x, weight, stride, padding, dilation, groups, needs):
