@@ -133,6 +133,19 @@ class AvgPool2d(_Named, torch.nn.AvgPool2d):
             raise
 
 
+def _step_statistics(layer) -> tuple:
+    """(momentum, use batch statistics?, running_mean, running_var) of a batch-norm layer's step, counting the step
+    in num_batches_tracked: torch.nn.BatchNorm2d's bookkeeping, line for line, so both agree on every step."""
+    momentum = 0.0 if layer.momentum is None else layer.momentum
+    if layer.training and layer.track_running_stats and layer.num_batches_tracked is not None:
+        layer.num_batches_tracked.add_(1)
+        if layer.momentum is None:
+            momentum = 1.0 / float(layer.num_batches_tracked)
+    use_batch_stats = layer.training or (layer.running_mean is None and layer.running_var is None)
+    track = not layer.training or layer.track_running_stats
+    return momentum, use_batch_stats, layer.running_mean if track else None, layer.running_var if track else None
+
+
 class BatchNorm2d(_Named, torch.nn.BatchNorm2d):
     """`torch.nn.BatchNorm2d` running `nnkernels.functional.batch_norm`.
 
@@ -144,17 +157,10 @@ class BatchNorm2d(_Named, torch.nn.BatchNorm2d):
     def forward(self, input):
         if not isinstance(input, torch.Tensor) or input.dim() != 4:
             self._check(input)
-        # The bookkeeping below is torch.nn.BatchNorm2d's, line for line, so both agree on every step.
-        momentum = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:
-                momentum = 1.0 / float(self.num_batches_tracked)
-        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
-        track = not self.training or self.track_running_stats
+        momentum, use_batch_stats, running_mean, running_var = _step_statistics(self)
         try:
-            return batch_norm(input, self.running_mean if track else None, self.running_var if track else None,
-                              self.weight, self.bias, training=use_batch_stats, momentum=momentum, eps=self.eps)
+            return batch_norm(input, running_mean, running_var, self.weight, self.bias, training=use_batch_stats,
+                              momentum=momentum, eps=self.eps)
         except (TypeError, ValueError, RuntimeError):
             self._check(input)  # the layer's own words for what is wrong, where it can tell
             raise
@@ -196,15 +202,7 @@ class SyncBatchNorm(_Named, torch.nn.SyncBatchNorm):
                              f"{input.dim() if isinstance(input, torch.Tensor) else type(input).__name__}D input)")
         if input.shape[1] == 0:
             raise ValueError("SyncBatchNorm number of input channels should be non-zero")
-        momentum = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:
-                momentum = 1.0 / float(self.num_batches_tracked)
-        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
-        track = not self.training or self.track_running_stats
-        running_mean = self.running_mean if track else None
-        running_var = self.running_var if track else None
+        momentum, use_batch_stats, running_mean, running_var = _step_statistics(self)
         # torch.nn.SyncBatchNorm's rule: synchronise in training only, with an initialised group of 2+ ranks.
         world_size = 1
         if self.training and torch.distributed.is_available() and torch.distributed.is_initialized():
