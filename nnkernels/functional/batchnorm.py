@@ -195,9 +195,10 @@ def _laid_out(plan, t):
 
 
 def _param_grads(param_dtypes, dweight, dbias):
+    """The fp32 parameter gradients in the parameters' own dtypes (fp32 almost always: no call then)."""
     weight_dtype, bias_dtype = param_dtypes
-    return (None if weight_dtype is None else dweight.to(weight_dtype),
-            None if bias_dtype is None else dbias.to(bias_dtype))
+    return (None if weight_dtype is None else dweight if weight_dtype == F32 else dweight.to(weight_dtype),
+            None if bias_dtype is None else dbias if bias_dtype == F32 else dbias.to(bias_dtype))
 
 
 class _Train(torch.autograd.Function):
