@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ...launcher import Launcher
+from ..common import allocator
 from ..common import kernel as cached_kernel
 
 
@@ -117,6 +119,33 @@ def clamp_pow2(n: int, low: int, high: int) -> int:
 
 def pow2_dividing(n: int) -> int:
     return n & -n
+
+
+def one_launch_forward(p, kernel, sizes):
+    """The runner of a forward that is one launch of `kernel`, arguments (x, weight, bias, y, *sizes): run(x, weight,
+    bias) -> y, allocated on every call (without a bias, y stands in its place: the kernel reads it only with
+    HAS_BIAS)."""
+    new, launch, shape = allocator(p.dtype, p.device), Launcher(kernel), p.y_shape
+
+    def run(x, weight, bias):
+        y = new(*shape)
+        launch(x, weight, y if bias is None else bias, y, *sizes)
+        return y
+
+    return run
+
+
+def one_launch_dx(p, kernel, sizes):
+    """The runner of a dx that is one launch of `kernel`, arguments (dy, weight, dx, *sizes): run(dy, weight, dy_cl)
+    -> dx, allocated on every call."""
+    new, launch, shape = allocator(p.dtype, p.device), Launcher(kernel), p.x_shape
+
+    def run(dy, weight, dy_cl):
+        dx = new(*shape)
+        launch(dy, weight, dx, *sizes)
+        return dx
+
+    return run
 
 
 def make_kernel(cls, constants, p, config=None, *, num_warps=None, num_stages=None):

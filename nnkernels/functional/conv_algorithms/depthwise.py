@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 from ...launcher import Launcher
 from ...ops.conv2d.depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward, gather_columns_fit
-from ..common import allocator
-from .base import Algorithm, clamp_pow2, make_kernel, pow2_at_least, register
+from .base import Algorithm, clamp_pow2, make_kernel, one_launch_dx, one_launch_forward, pow2_at_least, register
 from .partials import reduce_kernel, split_weight_gradient
 
 LANES = 128  # (plane, column) pairs of a program on the GPU: one per thread of 4 warps
@@ -83,16 +82,7 @@ class DepthwiseForward(_Depthwise):
         return [_kernel(p, Conv2dDepthwiseForward, (p.has_bias,), tile, _gather_columns(p, tile))]
 
     def runner(self, p, tile):
-        new = allocator(p.dtype, p.device)
-        launch = Launcher(self.kernels(p, tile)[0])
-        shape, sizes = p.y_shape, p.launch_sizes
-
-        def run(x, weight, bias):
-            y = new(*shape)
-            launch(x, weight, y if bias is None else bias, y, *sizes)
-            return y
-
-        return run
+        return one_launch_forward(p, self.kernels(p, tile)[0], p.launch_sizes)
 
 
 class DepthwiseDx(_Depthwise):
@@ -105,16 +95,7 @@ class DepthwiseDx(_Depthwise):
         return [_kernel(p, Conv2dDepthwiseDx, (), tile)]
 
     def runner(self, p, tile):
-        new = allocator(p.dtype, p.device)
-        launch = Launcher(self.kernels(p, tile)[0])
-        shape, sizes = p.x_shape, p.launch_sizes
-
-        def run(dy, weight, dy_cl):
-            dx = new(*shape)
-            launch(dy, weight, dx, *sizes)
-            return dx
-
-        return run
+        return one_launch_dx(p, self.kernels(p, tile)[0], p.launch_sizes)
 
 
 class DepthwiseDw(_Depthwise):

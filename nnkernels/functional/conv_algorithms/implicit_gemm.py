@@ -8,8 +8,7 @@ from ...launcher import Launcher
 from ...ops.conv2d.gemm_dw import Conv2dGemmDw
 from ...ops.conv2d.gemm_dx import Conv2dGemmDx
 from ...ops.conv2d.gemm_forward import Conv2dGemmForward
-from ..common import allocator
-from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, register
+from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, one_launch_dx, one_launch_forward, register
 from .partials import dw_split, reduce_kernel, split_weight_gradient
 
 
@@ -77,16 +76,7 @@ class GemmForward(_Anywhere):
         return [make_kernel(Conv2dGemmForward, constants, p, config)]
 
     def runner(self, p, config):
-        new = allocator(p.dtype, p.device)
-        launch = Launcher(self.kernels(p, config)[0])
-        shape, sizes = p.y_shape, p.sizes
-
-        def run(x, weight, bias):
-            y = new(*shape)
-            launch(x, weight, y if bias is None else bias, y, *sizes)
-            return y
-
-        return run
+        return one_launch_forward(p, self.kernels(p, config)[0], p.sizes)
 
 
 class GemmDx(_Anywhere):
@@ -101,16 +91,7 @@ class GemmDx(_Anywhere):
         return [make_kernel(Conv2dGemmDx, constants, p, config)]
 
     def runner(self, p, config):
-        new = allocator(p.dtype, p.device)
-        launch = Launcher(self.kernels(p, config)[0])
-        shape, sizes = p.x_shape, p.sizes
-
-        def run(dy, weight, dy_cl):
-            dx = new(*shape)
-            launch(dy, weight, dx, *sizes)
-            return dx
-
-        return run
+        return one_launch_dx(p, self.kernels(p, config)[0], p.sizes)
 
 
 class GemmDw(_Anywhere):

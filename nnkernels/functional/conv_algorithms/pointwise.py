@@ -9,7 +9,7 @@ from ...launcher import Launcher
 from ...ops.conv2d.pointwise import Conv2dPointwise, Conv2dPointwiseDw
 from ..layout import subsample_adjoint, subsample_adjoint_kernels, subsample_copy, subsample_kernels
 from ..common import allocator
-from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, register
+from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, one_launch_forward, pow2_at_least, register
 from .partials import reduce_kernel, split_weight_gradient
 
 # 1x1 products reducing over at most this many channels load the whole reduction once (`m_tiles`).
@@ -116,18 +116,11 @@ class PointwiseForward(_Pointwise):
         return _subsample_kernels(p) + [product_kernel(p, config, p.has_bias)]
 
     def runner(self, p, config):
-        new = allocator(p.dtype, p.device)
-        launch = Launcher(self.kernels(p, config)[-1])
-        subsample = subsample_copy(p.x_shape, p.stride, p.dtype, p.device) if p.subsampled else None
-        shape, sizes = p.y_shape, (p.B, p.C_IN, p.C_OUT, p.OH * p.OW)
-
-        def run(x, weight, bias):
-            x_in = subsample(x) if subsample is not None else x
-            y = new(*shape)
-            launch(x_in, weight, y if bias is None else bias, y, *sizes)
-            return y
-
-        return run
+        product = one_launch_forward(p, self.kernels(p, config)[-1], (p.B, p.C_IN, p.C_OUT, p.OH * p.OW))
+        if not p.subsampled:
+            return product
+        subsample = subsample_copy(p.x_shape, p.stride, p.dtype, p.device)
+        return lambda x, weight, bias: product(subsample(x), weight, bias)
 
 
 class PointwiseDx(_Pointwise):

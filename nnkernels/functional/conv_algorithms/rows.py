@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ...launcher import Launcher
 from ...ops.conv2d.rows_forward import Conv2dRowsForward
-from ..common import allocator
-from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, register
+from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, one_launch_forward, pow2_at_least, register
 
 
 def rows_forward_candidates(ow: int, c_out: int, kw: int, dtype, machine) -> list[GemmConfig]:
@@ -46,16 +44,7 @@ class RowsForward(Algorithm):
         return [make_kernel(Conv2dRowsForward, constants, p, config)]
 
     def runner(self, p, config):
-        new = allocator(p.dtype, p.device)
-        launch = Launcher(self.kernels(p, config)[0])
-        shape, sizes = p.y_shape, p.sizes
-
-        def run(x, weight, bias):
-            y = new(*shape)
-            launch(x, weight, y if bias is None else bias, y, *sizes)
-            return y
-
-        return run
+        return one_launch_forward(p, self.kernels(p, config)[0], p.sizes)
 
 
 FORWARD = register(RowsForward())
