@@ -201,6 +201,14 @@ def _param_grads(param_dtypes, dweight, dbias):
             None if bias_dtype is None else dbias if bias_dtype == F32 else dbias.to(bias_dtype))
 
 
+def _save(ctx, plan, eps, weight, bias, *tensors):
+    """What both modes keep for the backward: `tensors` (x and weight as given among them, which a differentiable
+    backward reaches the caller's graph through), the plan, eps and the parameters' dtypes."""
+    ctx.save_for_backward(*tensors)
+    ctx.plan, ctx.eps = plan, eps
+    ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+
+
 class _Train(torch.autograd.Function):
     """Training mode, eagerly: batch statistics, the running statistics (a tuple, not autograd inputs) updated in
     place when given."""
@@ -213,10 +221,7 @@ class _Train(torch.autograd.Function):
             y, mean, rstd, _ = plan.run("train_forward", ready, weight32, bias32, None, None, eps, momentum)
         else:
             y, mean, rstd, _ = plan.run("train_forward_update", ready, weight32, bias32, *running, eps, momentum)
-        # x and weight as given too: the tensors a differentiable backward reaches the caller's graph through
-        ctx.save_for_backward(ready, weight32, mean, rstd, x, weight)
-        ctx.plan, ctx.eps = plan, eps
-        ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+        _save(ctx, plan, eps, weight, bias, ready, weight32, mean, rstd, x, weight)
         return _laid_out(plan, y)
 
     @staticmethod
@@ -238,10 +243,7 @@ class _Eval(torch.autograd.Function):
         ready = _ready(x)
         weight32, bias32 = plan.params(weight, bias)
         y = plan.run("eval_forward", ready, weight32, bias32, *running, eps)
-        # x and weight as given too: the tensors a differentiable backward reaches the caller's graph through
-        ctx.save_for_backward(ready, weight32, *running, x, weight)
-        ctx.plan, ctx.eps = plan, eps
-        ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+        _save(ctx, plan, eps, weight, bias, ready, weight32, *running, x, weight)
         return _laid_out(plan, y)
 
     @staticmethod
