@@ -1,7 +1,10 @@
 """tools/: the parts that run without a GPU."""
 import importlib.util
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -66,3 +69,15 @@ def test_ship_tuning_keeps_the_current_kernels_choices_only(tmp_path):
     into = tmp_path / "tuned.json"
     assert tool.main([str(cache), "--into", str(into)]).endswith("1 choices")
     assert list(json.loads(into.read_text())) == ["conv2d_dw|(1,)|NVIDIA H200|triton 3.6.0" + current]
+
+
+def test_host_profile_counts_the_stubbed_launches_of_a_case():
+    """In a process of its own: the tool stubs every launch out for the rest of its process."""
+    done = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "tools" / "host_profile.py"),
+                           "--stub-launches", "--calls", "20", "--top", "5", "avg_pool2d 3x3 s2 p1"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"avg_pool2d 3x3 s2 p1: nnkernels [\d.]+ µs per forward \+ backward \(2 launches, stubbed\)",
+                     done.stdout), done.stdout[:500]
+    assert "function calls" in done.stdout
