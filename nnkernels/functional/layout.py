@@ -31,8 +31,9 @@ def _transpose_kernels(images, rows, cols, dtype):
     return [channels_last_kernel(*channels_last_tiles(rows, cols), dtype)] if images * rows * cols else []
 
 
-def _transpose_copy(images, rows, cols, out_shape, dtype, device):
-    """t as [images, rows, cols] -> [images, cols, rows], returned with `out_shape`."""
+def transpose_copy(images, rows, cols, out_shape, dtype, device):
+    """t, contiguous, of any shape holding [images, rows, cols] -> [images, cols, rows], returned with `out_shape`
+    (no view of t is made: the kernel reads it by its sizes)."""
     new, kernels = allocator(dtype, device), _transpose_kernels(images, rows, cols, dtype)
     if not kernels:
         return lambda t: new(*out_shape)
@@ -53,7 +54,7 @@ def channels_last_copy_kernels(shape, dtype):
 
 def channels_last_copy(shape, dtype, device):
     n, c, h, w = shape
-    return _transpose_copy(n, c, h * w, (n, h, w, c), dtype, device)
+    return transpose_copy(n, c, h * w, (n, h, w, c), dtype, device)
 
 
 def channels_first_copy_kernels(shape, dtype):
@@ -63,7 +64,7 @@ def channels_first_copy_kernels(shape, dtype):
 
 def channels_first_copy(shape, dtype, device):
     n, h, w, c = shape
-    return _transpose_copy(n, h * w, c, (n, c, h, w), dtype, device)
+    return transpose_copy(n, h * w, c, (n, c, h, w), dtype, device)
 
 
 def _pair_in_one_launch(x_shape, w_shape):

@@ -15,7 +15,7 @@ from ...launcher import Launcher
 from ...ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward
 from ...ops.conv2d.channels_last_dx import Conv2dGemmClDx
 from ..layout import (channels_first_copy, channels_first_copy_kernels, channels_last_copy, channels_last_copy_kernels,
-                      channels_last_pair_copy, channels_last_pair_kernels)
+                      channels_last_pair_copy, channels_last_pair_kernels, transpose_copy)
 from ..common import allocator
 from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, pow2_dividing, register
 from .implicit_gemm import gemm_candidates
@@ -116,9 +116,8 @@ def dx_forward_weight(p):
     """weight -> the weight of `dx_forward` problem p in the channels-last forward's layout, [C_IN, KH, KW, C_OUT],
     taps not flipped (the kernels read them in reverse: FLIP_TAPS): weight as [1, C_OUT, C_IN*KH*KW, 1] made
     channels-last by the tile transpose (torch's permuted copy is slow: its c_out runs lie C_IN*KH*KW apart)."""
-    as_4d = _dx_forward_weight_shape(p)
-    copy, shape = channels_last_copy(as_4d, p.dtype, p.device), (p.C_OUT, p.KH, p.KW, p.C_IN)
-    return lambda weight: copy(weight.reshape(as_4d)).reshape(shape)
+    _, rows, cols, _ = _dx_forward_weight_shape(p)
+    return transpose_copy(1, rows, cols, (p.C_OUT, p.KH, p.KW, p.C_IN), p.dtype, p.device)
 
 
 def forward_copies(p) -> list:
