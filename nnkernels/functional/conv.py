@@ -297,16 +297,16 @@ def _backward_runner(p, needs, dy, x, weight):
 def _shared(p, dx_ids, dw_ids):
     """The kernel ids of a backward whose dx and dw both read dy channels-last: the one launch that copies dy and x,
     then dx's kernels less its copy of dy, then dw's less its copies of dy and x."""
-    dy_copy, x_copy = (channels_last_copy_kernels(shape, p.dtype)[0].id for shape in (p.y_shape, p.x_shape))
+    dy_copy, x_copy = ([k.id for k in channels_last_copy_kernels(shape, p.dtype)] for shape in (p.y_shape, p.x_shape))
 
-    def without(ids, *copies):
+    def without(ids, copies):
         ids = list(ids)
-        for copy in copies:
+        for copy in copies:  # none for an empty tensor
             ids.remove(copy)
         return ids
 
     return ([k.id for k in channels_last_pair_kernels(p.y_shape, p.x_shape, p.dtype)] + without(dx_ids, dy_copy)
-            + without(dw_ids, dy_copy, x_copy))
+            + without(dw_ids, dy_copy + x_copy))
 
 
 def _as_dx(forward_run):
