@@ -16,6 +16,7 @@ Cost bound: candidates are tried in order and no new one is started once TUNING_
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -27,6 +28,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
+
+try:
+    import fcntl
+except ImportError:  # Windows has none: there the last of two writers at once wins
+    fcntl = None
 
 import torch
 
@@ -91,17 +97,34 @@ def _stored() -> dict:
     return _memory
 
 
+@contextlib.contextmanager
+def _file_locked(path: Path):
+    """Held by one process at a time (an advisory lock on `path`; where the OS has none, nothing is held): the
+    read, merge and write of the cache, so that two processes tuning at once keep both their choices."""
+    if fcntl is None:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _save(full_key: str, choice):
-    """Merge one choice into the JSON file (re-read first: other processes may have added theirs), atomically."""
+    """Merge one choice into the JSON file (re-read first: other processes may have added theirs), atomically,
+    under the cache's file lock."""
     path = cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        on_disk = _read(path)
-        on_disk[full_key] = asdict(choice)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuning.", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(on_disk, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        with _file_locked(path.with_name(path.name + ".lock")):
+            on_disk = _read(path)
+            on_disk[full_key] = asdict(choice)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuning.", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump(on_disk, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
     except OSError as error:
         _log.warning("tuning: could not write %s (%s); the choice is kept for this process only", path, error)
 
