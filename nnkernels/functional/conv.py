@@ -345,29 +345,29 @@ def _new_plan(x, weight, bias, stride, padding, dilation, groups):
 
 
 class _Conv2d(torch.autograd.Function):
-    """Eager autograd around a plan. The forward saves the caller's x and weight (as torch's convolution does; a
-    copy the plan made would lie outside the caller's graph); the backward makes them ready again, a no-op for
-    contiguous aligned tensors, and asks the plan for the gradients autograd needs, or, under create_graph=True,
-    computes them as differentiable convolutions."""
+    """Eager autograd around a plan. The forward saves the tensors the plan made ready, which its backward reads,
+    and the caller's x and weight (the same tensors where nothing was copied), through which a differentiable
+    backward (create_graph=True) reaches the caller's graph; the backward asks the plan for the gradients autograd
+    needs, or computes them as differentiable convolutions."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, plan):
-        ctx.save_for_backward(x, weight)
+        ready_x, ready_weight, ready_bias = plan.prepare(x, weight, bias)
+        ctx.save_for_backward(ready_x, ready_weight, x, weight)
         ctx.plan = plan
-        y = plan.forward(*plan.prepare(x, weight, bias))
+        y = plan.forward(ready_x, ready_weight, ready_bias)
         return y.squeeze(0) if plan.unbatched else y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
+        ready_x, ready_weight, x, weight = ctx.saved_tensors
         plan = ctx.plan
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2] and plan.has_bias)
         dy = dy.unsqueeze(0) if plan.unbatched else dy
         if torch.is_grad_enabled():  # create_graph=True: gradients as differentiable convolutions, not the plan's
             dx, dw, dbias = conv2d_grads(dy, x.unsqueeze(0) if plan.unbatched else x, weight, *plan.args, needs)
         else:
-            x, weight, _ = plan.prepare(x, weight, None)
-            dx, dw, dbias = plan.backward(dy, x, weight, needs)
+            dx, dw, dbias = plan.backward(dy, ready_x, ready_weight, needs)
         return (dx.squeeze(0) if plan.unbatched and dx is not None else dx), dw, dbias, None
 
 
