@@ -10,7 +10,7 @@ graphs replayed). Each way's first step is timed on its own (compilation and tun
 whose caches earlier ways may have warmed), and the peak memory of its steps read. torchvision is an optional
 dependency of the benchmarks (`pip install nnkernels[bench]`).
 
-    python3 -m nnkernels.bench.models [MODEL...] [--ways eager,graph,compile] (or: nnkernels bench models ...)
+    nnkernels bench models [MODEL...]
 """
 from __future__ import annotations
 
