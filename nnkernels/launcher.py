@@ -86,23 +86,38 @@ class Launcher:
 
 def _direct(compiled, grid, device, constants):
     """A function that launches `compiled` over `grid` on the current stream of GPU `device`, its arguments then
-    `constants`, as Triton's JIT launches a kernel it has found: straight into Triton's C launcher where there is
-    no scratch to allocate, else through the compiled kernel's launcher (which allocates it)."""
+    `constants`, as Triton's JIT launches a kernel it has found: straight into Triton's C launcher, with the global
+    scratch a kernel needs (TMA descriptors made on the device) from torch's allocator; through the compiled
+    kernel's launcher where its C launcher is not the one this module knows or it wants profiling scratch."""
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
     stream = driver.active.get_current_stream
     grid_x, grid_y, grid_z = grid
-    scratch = getattr(compiled.metadata, "global_scratch_size", 0) > 0
+    scratch_size = getattr(compiled.metadata, "global_scratch_size", 0)
     launch = _c_launch(run)
-    if launch is not None and not scratch and not run.profile_scratch_size:
+    if launch is not None and not run.profile_scratch_size:
         cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
+        if not scratch_size:
+            def go(*args):
+                launch(grid_x, grid_y, grid_z, stream(device), function, cooperative, pdl, None, None, metadata,
+                       None, None, None, *args, *constants)
+            return go
+        if compiled.metadata.global_scratch_align <= TORCH_ALIGNMENT:
+            new_scratch = torch.empty(0, dtype=torch.int8, device=torch.device("cuda", device)).new_empty
+            size = grid_x * grid_y * grid_z * getattr(run, "num_ctas", 1) * scratch_size
 
-        def go(*args):
-            launch(grid_x, grid_y, grid_z, stream(device), function, cooperative, pdl, None, None, metadata, None, None,
-                   None, *args, *constants)
-        return go
+            def go_with_scratch(*args):
+                # A fresh buffer per launch, as Triton's launcher takes one: a buffer kept across launches would,
+                # if first made inside torch.compile's CUDA-graph trees, live in their pool, which they refuse.
+                launch(grid_x, grid_y, grid_z, stream(device), function, cooperative, pdl, new_scratch(size), None,
+                       metadata, None, None, None, *args, *constants)
+            return go_with_scratch
 
     def go_through_launcher(*args):
-        if scratch:
+        if scratch_size:
             use_torch_scratch()
         run(grid_x, grid_y, grid_z, stream(device), function, metadata, None, None, None, *args, *constants)
     return go_through_launcher
+
+
+# The alignment of torch's CUDA allocations.
+TORCH_ALIGNMENT = 256
