@@ -21,3 +21,4 @@ del triton
 
 if INTERPRETED:
     from . import _interpreter_bf16  # noqa: F401,E402  (gives the interpreter bf16 atomics)
+    from . import _interpreter_index  # noqa: F401,E402  (Triton 3.6's interpreter: scalars as indices)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import nnkernels.nn as nnk
+from support import DEVICE
 
 ROOT = Path(__file__).resolve().parents[1]
 C, H, W = 3, 5, 5
@@ -155,7 +156,8 @@ def test_convert_sync_batchnorm_turns_batch_norms_into_ours():
     assert model[0].weight is torch_bn.weight and model[0].running_var is torch_bn.running_var
     assert model[0].eps == 1e-3 and not model[0].training and model[1].weight is None
     assert isinstance(nnk.SyncBatchNorm.convert_sync_batchnorm(torch.nn.BatchNorm2d(C)), nnk.SyncBatchNorm)
-    x = torch.randn(2, C, 4, 4)
+    x = torch.randn(2, C, 4, 4, device=DEVICE)
+    model, torch_bn = model.to(DEVICE), torch_bn.to(DEVICE)
     assert torch.allclose(model[0](x), torch_bn(x), atol=1e-5)  # no process group: batch norm
 
 
@@ -172,3 +174,56 @@ def test_ddp_example_with_sync_bn_one_step_on_two_gloo_ranks(tmp_path):
     assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) > 0
     for name in ranks[0]:
         assert torch.equal(ranks[0][name], ranks[1][name]), f"ranks disagree on {name}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="nccl needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_nccl_rank_matches_batch_norm_in_float64(dtype):
+    """One process, one nccl rank: the synchronising path itself (forced: the module takes plain batch norm with
+    one rank) and the module both equal F.batch_norm over the same batch in float64, output, dx, dweight, dbias and
+    the running statistics."""
+    import torch.distributed as dist
+
+    from nnkernels.functional.sync_batchnorm import sync_batch_norm
+
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=torch.device("cuda", torch.cuda.current_device()))
+    try:
+        x64, dy64, params = global_case("nccl", (6,))
+        x64, dy64 = x64.double(), dy64.double()
+        x = x64.to("cuda", dtype).requires_grad_()
+        dy = dy64.to("cuda", dtype)
+        reference_x = x.detach().double().cpu().requires_grad_()
+        weight64, bias64 = (params[key].double().requires_grad_() for key in ("weight", "bias"))
+        mean64, var64 = params["running_mean"].double(), params["running_var"].double()
+        expected = torch.nn.functional.batch_norm(reference_x, mean64, var64, weight64, bias64, True, 0.3, 1e-5)
+        expected.backward(dy.double().cpu())
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+
+        def close(got, want, name):
+            error = ((got.double().cpu() - want).abs().max() / want.abs().max()).item()
+            assert error <= tolerance, f"{name}: relative error {error:.2e} > {tolerance:.0e}"
+
+        for way in ("collectives", "module"):
+            weight, bias = (params[key].cuda().requires_grad_() for key in ("weight", "bias"))
+            mean, var = params["running_mean"].cuda(), params["running_var"].cuda()
+            x.grad = None
+            if way == "collectives":
+                y = sync_batch_norm(x, mean, var, weight, bias, 0.3, 1e-5, dist.group.WORLD, 1)
+            else:
+                layer = nnk.SyncBatchNorm(C, momentum=0.3).cuda()
+                with torch.no_grad():
+                    layer.weight.copy_(weight), layer.bias.copy_(bias)
+                    layer.running_mean.copy_(mean), layer.running_var.copy_(var)
+                y = layer(x)
+                weight, bias, mean, var = layer.weight, layer.bias, layer.running_mean, layer.running_var
+            y.backward(dy)
+            for name, got, want in (("y", y, expected), ("dx", x.grad, reference_x.grad),
+                                    ("dweight", weight.grad, weight64.grad), ("dbias", bias.grad, bias64.grad),
+                                    ("running_mean", mean, mean64), ("running_var", var, var64)):
+                close(got.detach(), want.detach(), f"{way} {name}")
+    finally:
+        if owns_group:
+            dist.destroy_process_group()

@@ -194,6 +194,12 @@ def _laid_out(plan, t):
     return t if plan.memory_format is None else t.contiguous(memory_format=plan.memory_format)
 
 
+def _eval_dx_laid_out(plan, dx):
+    """The evaluation backward's dx in torch's layout: NCHW on CUDA (torch 2.11's CUDA backward, measured), the
+    input's on the CPU."""
+    return dx if plan.problem.device.type == "cuda" else _laid_out(plan, dx)
+
+
 def _param_grads(param_dtypes, dweight, dbias):
     """The fp32 parameter gradients in the parameters' own dtypes (fp32 almost always: no call then)."""
     weight_dtype, bias_dtype = param_dtypes
@@ -254,7 +260,7 @@ class _Eval(torch.autograd.Function):
         else:
             dx, dweight, dbias = ctx.plan.run("eval_backward", _ready(dy), ready, weight32, running_mean, running_var,
                                               ctx.eps)
-            dx = _laid_out(ctx.plan, dx)
+            dx = _eval_dx_laid_out(ctx.plan, dx)
         return dx, *_param_grads(ctx.param_dtypes, dweight, dbias), None, None, None
 
 
@@ -394,12 +400,12 @@ def batch_norm_eval_backward_op(dy: torch.Tensor, x: torch.Tensor, running_mean:
     plan = _plan(x, weight, None, running_mean, running_var, False)
     dx, dweight, dbias = plan.run("eval_backward", _ready(dy), _ready(x), plan.params(weight, None)[0], running_mean,
                                   running_var, eps)
-    return _laid_out(plan, dx), dweight, dbias
+    return _eval_dx_laid_out(plan, dx), dweight, dbias
 
 
 @batch_norm_eval_backward_op.register_fake
 def _(dy, x, running_mean, running_var, weight, eps):
-    return (torch.empty_like(x), *_fp32_stats(x)[:2])
+    return (x.new_empty(x.shape) if x.device.type == "cuda" else torch.empty_like(x), *_fp32_stats(x)[:2])
 
 
 def _eval_setup(ctx, inputs, output):
