@@ -44,3 +44,42 @@ def test_an_unreadable_cache_is_ignored_with_one_warning(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="nnkernels"):
         assert tuning._read(path) == {}
     assert len(caplog.records) == 1 and "not a readable tuning cache" in caplog.records[0].getMessage()
+
+
+def _stored_passes():
+    """(kind, key, candidates, decode) of batch norm's split and grouped passes and pooling's lanes pass (its gather
+    pass takes one config from a rule: nothing to store), as their plans ask tuning, on the test GPU's lists."""
+    import torch
+
+    from nnkernels.functional.batchnorm_algorithms import BatchNormProblem
+    from nnkernels.functional.pooling_algorithms import PoolingPass
+    from support import GPU
+
+    found = []
+    for shape in ((64, 64, 56, 56), (64, 2048, 7, 7)):  # split, grouped
+        problem = BatchNormProblem(shape, torch.bfloat16, torch.device("cpu"), GPU)
+        candidates, decode = problem.candidates("train_forward")
+        found.append((problem.kind("train_forward"), problem.key, candidates(), decode))
+    pass_ = PoolingPass("forward", torch.bfloat16, 64 * 64, 56, 56, 28, 28, (3, 3), (2, 2), (1, 1), True, None, GPU,
+                        torch.device("cpu"))
+    found.append((pass_.kind, pass_.key, pass_.candidates(), pass_.decode))
+    return found
+
+
+def test_stored_batch_norm_and_pooling_choices_read_back(tmp_path, monkeypatch, caplog):
+    """A choice tuning stored is the choice a later process reads (these once came back unreadable, and every
+    process tuned batch norm and pooling again)."""
+    from nnkernels import tuning
+
+    monkeypatch.setenv("NNKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "_memory", None)
+    monkeypatch.setattr(tuning, "mode", lambda: "quick")
+    passes = _stored_passes()
+    assert all(len(listed) > 1 for _, _, listed, _ in passes)
+    for kind, key, listed, _ in passes:
+        tuning._save(tuning._full_key(kind, key), listed[-1])
+    with caplog.at_level("WARNING", logger="nnkernels"):
+        for kind, key, listed, decode in passes:
+            assert tuning.peek(kind, key, listed, decode) == listed[-1], kind
+    assert not caplog.records, [record.getMessage() for record in caplog.records]

@@ -21,7 +21,7 @@ from ..ops.batch_norm.train import (BatchNorm2dPartialGradSums, BatchNorm2dParti
                                     BatchNorm2dTrainBackwardFused, BatchNorm2dTrainForwardFused,
                                     BatchNorm2dTrainNormalize, BatchNorm2dUpdateRunningStats)
 from ..ops.common.host_math import cdiv, next_power_of_2
-from .common import allocator, kernel
+from .common import allocator, kernel, stored_config
 
 F32 = torch.float32
 # How one launch cuts the work: split plans use block_b, block_hw and the chunk fields; grouped plans use
@@ -375,9 +375,10 @@ class BatchNormProblem:
     def candidates(self, step):
         """The configs tuning chooses among for `step`, and how a stored one is read back."""
         if self.fused:
-            return (lambda: grouped_candidates(*self.dims, self.element_size, self.machine, step=step)), GroupedConfig
+            grouped = lambda: grouped_candidates(*self.dims, self.element_size, self.machine, step=step)  # noqa: E731
+            return grouped, stored_config(GroupedConfig)
         if step in SPLIT_SHAPES:
-            return (lambda: split_candidates(step, self.machine)), SplitConfig
+            return (lambda: split_candidates(step, self.machine)), stored_config(SplitConfig)
         return (lambda: [None]), None  # the split evaluation passes: one plan, nothing to tune
 
     def kind(self, step):

@@ -42,6 +42,11 @@ def kernel(cls, *constants, dtype, num_warps=None, num_stages=None):
     return cls(*constants, dtype=dtype, num_warps=num_warps, num_stages=num_stages)
 
 
+def stored_config(config_type):
+    """The `decode` that tuning reads a stored config of `config_type` back with: the dict of its fields."""
+    return lambda stored: config_type(**stored)
+
+
 def register_kernels(op: str, classes: tuple):
     """Record the kernel classes `op` launches, for `nnkernels list` and the tests that walk them."""
     KERNELS[op] = tuple(dict.fromkeys(KERNELS.get(op, ()) + tuple(classes)))

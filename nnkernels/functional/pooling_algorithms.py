@@ -15,7 +15,7 @@ from ..ops.avg_pool2d.gather import (AvgPool2dGatherBackward, AvgPool2dGatherFor
 from ..ops.avg_pool2d.lanes import (AvgPool2dLanesBackward, AvgPool2dLanesForward, backward_lane_widths,
                                     backward_lanes, backward_src_vec, forward_lane_widths, forward_lanes)
 from ..ops.common.host_math import cdiv, next_power_of_2
-from .common import allocator, kernel
+from .common import allocator, kernel, stored_config
 
 INTERPRETER_TILE = 2**16
 
@@ -125,7 +125,7 @@ class PoolingPass:
             self.widths = forward_lane_widths(options, W) if self.lanes else ()
             self.taps = kernel_size[0] * kernel_size[1]
         self.kind = f"avg_pool2d_{'lanes' if self.lanes else 'gather'}_{direction}"
-        self.decode = LanesConfig if self.lanes else GatherConfig
+        self.decode = stored_config(LanesConfig if self.lanes else GatherConfig)
 
     def candidates(self):
         if self.lanes:
