@@ -1,7 +1,7 @@
 """Whole training steps of torchvision models, every way a user runs them, nnkernels beside torch.
 
 One step = forward + backward + SGD (momentum) step on random weights and data, batch 64, 224x224, bf16
-autocast. Per model, in one process, on the same data:
+autocast, `cudnn.benchmark` on. Per model, in one process, on the same data:
 - torch eager NCHW, torch eager channels_last, torch from a hand-captured CUDA graph, torch.compile (default);
 - nnkernels (`convert(model)`, NCHW) eager, from a hand-captured CUDA graph, torch.compile default and
   mode="reduce-overhead" (torch's own CUDA graphs).
@@ -93,6 +93,7 @@ def measure_way(make, graph, rounds=3):
 
 def measure(models=MODELS, ways=WAYS, rounds=3, on_result=None) -> dict:
     """{(model, way): (ms, first step s, peak GiB)}; `on_result(model, way, result)` after each."""
+    torch.backends.cudnn.benchmark = True  # torch at its best: cuDNN times its algorithms per shape
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(BATCH, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator).cuda()
     labels = torch.randint(0, NUM_CLASSES, (BATCH,), generator=generator).cuda()
