@@ -255,14 +255,40 @@ def bench_suites() -> tuple:
     return tuple(name.replace("_", "-") for name in tuple(bench.SUITES) + tuple(sorted(extra)))
 
 
+def _model_convs_options(names, models, batch, precisions) -> dict:
+    """`model-convs`' options (checked, with its model names) as run() takes them; BadParameter where they are
+    given to another suite or name what it does not know."""
+    if names[:1] not in (("model-convs",), ("model_convs",)):
+        if batch is not None or precisions is not None:
+            raise click.BadParameter("only the model-convs suite takes them", param_hint="--batch/--precisions")
+        return {}
+    from .bench.model_convs import MODELS, PRECISIONS
+
+    unknown = [model for model in models if model not in MODELS]
+    if unknown:
+        raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; expected some of {', '.join(MODELS)}",
+                                 param_hint="MODEL")
+    options = {} if batch is None else {"batch": batch}
+    if precisions is not None:
+        chosen = tuple(p.strip() for p in precisions.split(",") if p.strip())
+        if not chosen or any(p not in PRECISIONS for p in chosen):
+            raise click.BadParameter(f"expected a comma-separated list of {', '.join(PRECISIONS)}, got {precisions!r}",
+                                     param_hint="--precisions")
+        options["precisions"] = chosen
+    return options
+
+
 @cli.command()
 @click.option("--quick", is_flag=True, help="Fewer shapes or rounds, for a fast look.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-out"),
               show_default=True, help="Folder for <suite>.csv and <suite>.png.")
-@click.argument("names", nargs=-1, metavar="[SUITE]... | models [MODEL]...")
-def bench(quick, out, names):
+@click.option("--batch", type=click.IntRange(min=1), help="model-convs: the batch of the layers' inputs (32).")
+@click.option("--precisions", help="model-convs: comma-separated, of bf16, tf32, fp32 (default: bf16,tf32).")
+@click.argument("names", nargs=-1, metavar="[SUITE]... | models [MODEL]... | model-convs [MODEL]...")
+def bench(quick, out, batch, precisions, names):
     """Benchmark SUITEs (default: conv2d, avg-pool2d, batch-norm) against PyTorch on the GPU; `models` takes the
-    torchvision models to train (default: the five it lists), and `host` times each op's host path.
+    torchvision models to train (default: the five it lists), `model-convs` the models whose every convolution
+    it times (default: ten), and `host` times each op's host path.
 
     Prints each table, writes <suite>.csv and a PNG chart of the speed-up per case. Needs the bench extra:
     pip install 'nnkernels[bench]'.
@@ -273,19 +299,21 @@ def bench(quick, out, names):
     from .bench import harness
 
     known = bench_suites()
-    suites, arguments = (names[:1], names[1:]) if names[:1] == ("models",) else (names, ())
+    takes_models = names[:1] in (("models",), ("model-convs",), ("model_convs",))
+    suites, arguments = (names[:1], names[1:]) if takes_models else (names, ())
+    options = _model_convs_options(names, arguments, batch, precisions)
     unknown = [name for name in suites if name.replace("_", "-") not in known]  # avg_pool2d as the module names it, too
     suites = tuple(name.replace("_", "-") for name in suites)
     if unknown:
         raise click.BadParameter(f"unknown suite(s) {', '.join(unknown)}; expected some of {', '.join(known)}",
                                  param_hint="SUITE")
     harness.require_gpu()
-    require_extra("bench", "matplotlib", *(["torchvision"] if "models" in suites else []))
+    require_extra("bench", "matplotlib", *(["torchvision"] if takes_models else []))
     console = Console(stderr=True)
     for name in suites or bench_package.SUITES:
         module = importlib.import_module(f"nnkernels.bench.{name.replace('-', '_')}")
         with console.status(f"benchmarking {name} ..."):
-            rows = module.run(quick, *([arguments] if arguments else []))
+            rows = module.run(quick, *([arguments] if arguments else []), **options)
         click.echo(harness.report(rows, out, name, f"nnkernels bench {name}: speed-up over PyTorch"))
         click.echo(f"wrote {out / f'{name}.csv'} and {out / f'{name}.png'}\n")
 
