@@ -178,10 +178,10 @@ def test_ddp_example_with_sync_bn_one_step_on_two_gloo_ranks(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="nccl needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_nccl_rank_matches_batch_norm_in_float64(dtype):
+def test_one_nccl_rank_matches_batch_norm_in_float64(dtype, poisoned_outputs):
     """One process, one nccl rank: the synchronising path itself (forced: the module takes plain batch norm with
     one rank) and the module both equal F.batch_norm over the same batch in float64, output, dx, dweight, dbias and
-    the running statistics."""
+    the running statistics; the ops' buffers start as NaN."""
     import torch.distributed as dist
 
     from nnkernels.functional.sync_batchnorm import sync_batch_norm
@@ -215,8 +215,9 @@ def test_one_nccl_rank_matches_batch_norm_in_float64(dtype):
             else:
                 layer = nnk.SyncBatchNorm(C, momentum=0.3).cuda()
                 with torch.no_grad():
-                    layer.weight.copy_(weight), layer.bias.copy_(bias)
-                    layer.running_mean.copy_(mean), layer.running_var.copy_(var)
+                    for name, value in (("weight", weight), ("bias", bias), ("running_mean", mean),
+                                        ("running_var", var)):
+                        getattr(layer, name).copy_(value)
                 y = layer(x)
                 weight, bias, mean, var = layer.weight, layer.bias, layer.running_mean, layer.running_var
             y.backward(dy)

@@ -24,14 +24,19 @@ BATCH = 32
 DTYPES = (torch.bfloat16, torch.float32)
 
 
-def _one_rank_group():
-    """The default process group: nccl over an in-process store, this process its one rank (made if none is)."""
+def _one_rank_group() -> bool:
+    """Make the default process group, nccl over an in-process store with this process its one rank, unless one
+    exists; whether it made it."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
-                                device_id=torch.device("cuda", torch.cuda.current_device()))
-    return dist.group.WORLD
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise RuntimeError(f"sync-batch-norm: expected one process (a one-rank group), got a process group of "
+                               f"{dist.get_world_size()} ranks")
+        return False
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=torch.device("cuda", torch.cuda.current_device()))
+    return True
 
 
 def _step(forward, x, dy):
@@ -66,8 +71,18 @@ def _modules(channels):
 
 
 def run(quick: bool = False) -> list[Row]:
+    import torch.distributed as dist
+
     require_gpu()
-    group = _one_rank_group()
+    made = _one_rank_group()
+    try:
+        return _rows(quick, dist.group.WORLD)
+    finally:
+        if made:
+            dist.destroy_process_group()
+
+
+def _rows(quick, group) -> list[Row]:
     rows = []
     for channels, side in RESNET50_SHAPES[:3] if quick else RESNET50_SHAPES:
         for dtype in DTYPES:
