@@ -99,7 +99,9 @@ def demo(epochs, batch_size, device, seed, out, limit):
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: the GPU when there is one, else the CPU through Triton's interpreter.")
 @click.option("--channels-last", is_flag=True, help="Model and images in torch.channels_last.")
-def tune(model, batch_size, image_size, dtype, device, channels_last):
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Compile the convolutions' kernels in this many processes first (GPU).")
+def tune(model, batch_size, image_size, dtype, device, channels_last, jobs):
     """Compile and tune, ahead of training, every kernel one training step of MODEL needs.
 
     MODEL is a torchvision model name (resnet50; needs torchvision) or module:function, a function of no
@@ -111,7 +113,7 @@ def tune(model, batch_size, image_size, dtype, device, channels_last):
 
     demo.check_device(device)
     tune_model.run(model, batch_size=batch_size, image_size=image_size, dtype=dtype, device=device,
-                   channels_last=channels_last)
+                   channels_last=channels_last, jobs=jobs)
 
 
 def _resolve_kernels(names):

@@ -4,15 +4,22 @@ Each nnkernels op builds a plan on the first call with a new signature (shapes, 
 that is where kernels compile and, on the GPU, configs are timed. `warmup` runs one forward (and backward) of a
 copy of the model on the example inputs, so every plan of a step exists before the first real one; the model
 itself is left untouched (no running statistics updated, no gradients). Run it under the same
-`torch.autocast` as the training step, so that it sees the same dtypes.
+`torch.autocast` as the training step, so that it sees the same dtypes. With `jobs` > 1 (compiled GPUs only), the
+convolutions' kernels are first compiled in that many processes at once (`parallel_compile`), their shapes taken
+from a forward pass on the meta device; where that fails, warmup says so in one line and compiles as it runs.
 """
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from dataclasses import dataclass
 
 import torch
+
+from ._mode import INTERPRETED
+
+log = logging.getLogger("nnkernels")
 
 
 @dataclass
@@ -43,13 +50,46 @@ def _scalar(output):
     return sum(sums) if sums else None
 
 
-def warmup(model: torch.nn.Module, example_inputs, *, backward: bool = True, progress: bool = True) -> WarmupSummary:
+def _conv_dtype(model, inputs) -> torch.dtype:
+    """The dtype the model's convolutions compute in: autocast's where it is on for the inputs' device, else that
+    of the model's first floating parameter."""
+    device_type = next((t.device.type for t in inputs if isinstance(t, torch.Tensor)), "cuda")
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def compile_convs_in_parallel(model, inputs, jobs: int) -> int:
+    """Compile the kernels of every convolution one forward + backward of `model` on `inputs` runs, in `jobs`
+    processes at once (`parallel_compile.precompile_convs`); the number of distinct convolutions, or 0 after one
+    warning line where it could not (warmup then compiles as it goes)."""
+    from .conv_calls import conv_shapes
+    from .parallel_compile import precompile_convs
+
+    try:
+        shapes = conv_shapes(copy.deepcopy(model), inputs, training=model.training)
+        device = next((str(t.device) for t in inputs if isinstance(t, torch.Tensor)), "cuda")
+        return precompile_convs(shapes, _conv_dtype(model, inputs), jobs, device)
+    except Exception as error:  # noqa: BLE001  (the serial warmup that follows compiles what this did not)
+        log.warning("nnkernels.warmup: compiling in %d processes failed (%s: %s); compiling as the step runs",
+                    jobs, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+        return 0
+
+
+def warmup(model: torch.nn.Module, example_inputs, *, backward: bool = True, progress: bool = True,
+           jobs: int = 1) -> WarmupSummary:
     """Run one training step's forward (and, with `backward`, its backward) of a copy of `model` on
     `example_inputs` (a tensor or a tuple of positional arguments), with a progress bar over its nnkernels layers;
-    return a summary. A bad example input raises the error the model itself would raise."""
+    return a summary. `jobs` > 1: compile the convolutions' kernels in that many processes first (on compiled
+    GPUs; the interpreter has nothing to compile). A bad example input raises the error the model itself would
+    raise."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if type(jobs) is not int or jobs < 1:
+        raise ValueError(f"jobs: expected an int >= 1, got {jobs!r}")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    if jobs > 1 and not INTERPRETED:
+        compile_convs_in_parallel(model, inputs, jobs)
     twin = copy.deepcopy(model).train(model.training)
     layers = _nnkernels_layers(twin)
     began = time.perf_counter()

@@ -51,9 +51,10 @@ def in_channels(model: torch.nn.Module) -> int:
     return first.in_channels
 
 
-def run(spec, batch_size=32, image_size=224, dtype="bf16", device="auto", channels_last=False):
-    """Build `spec`'s model, convert it, and warm up one training step on random images (with a progress bar);
-    prints what `convert` swapped and warmup's summary, and returns that summary."""
+def run(spec, batch_size=32, image_size=224, dtype="bf16", device="auto", channels_last=False, jobs=1):
+    """Build `spec`'s model, convert it, and warm up one training step on random images (with a progress bar;
+    the convolutions compiled in `jobs` processes first); prints what `convert` swapped and warmup's summary, and
+    returns that summary."""
     if device == "auto":
         device = "cpu" if INTERPRETED else "cuda"
     model = load_model(spec)
@@ -65,6 +66,6 @@ def run(spec, batch_size=32, image_size=224, dtype="bf16", device="auto", channe
     click.echo(model.nnkernels_summary)
     autocast = torch.autocast(device, dtype=DTYPES[dtype]) if dtype != "fp32" else contextlib.nullcontext()
     with autocast:
-        summary = warmup(model, images, progress=True)
+        summary = warmup(model, images, progress=True, jobs=jobs)
     click.echo(summary)
     return summary

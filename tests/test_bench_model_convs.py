@@ -6,7 +6,8 @@ import collections
 import pytest
 import torch
 
-from nnkernels.bench.model_convs import ConvShape, conv_shapes, model_totals
+from nnkernels.bench.model_convs import model_totals
+from nnkernels.conv_calls import ConvShape, conv_shapes
 from nnkernels.cli import main
 
 

@@ -16,13 +16,11 @@ NCHW alone.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
-import multiprocessing
-import os
-from dataclasses import dataclass
 
 import torch
 
+from ..conv_calls import ConvShape, conv_shapes
+from ..parallel_compile import precompile_convs
 from . import harness
 
 # model -> its input size (square images)
@@ -35,73 +33,6 @@ PRECISIONS = {"bf16": (torch.bfloat16, True), "tf32": (torch.float32, True), "fp
 DEFAULT_PRECISIONS = ("bf16", "tf32")
 LAYOUTS = ("nchw", "channels_last")
 WORKERS = 12
-
-
-@dataclass(frozen=True)
-class ConvShape:
-    """One convolution call as a layer makes it: input and weight shapes and the layer's options."""
-
-    x_shape: tuple
-    w_shape: tuple
-    stride: tuple
-    padding: tuple
-    dilation: tuple
-    groups: int
-    bias: bool
-
-    @property
-    def y_shape(self) -> tuple:
-        (batch, _, height, width), (c_out, _, kh, kw) = self.x_shape, self.w_shape
-        sizes = [(size + 2 * pad - dil * (k - 1) - 1) // step + 1 for size, k, step, pad, dil in
-                 zip((height, width), (kh, kw), self.stride, self.padding, self.dilation)]
-        return (batch, c_out, *sizes)
-
-    @property
-    def name(self) -> str:
-        (_, c_in, height, width), (c_out, _, kh, kw) = self.x_shape, self.w_shape
-        options = "".join(f" {letter}{values[0] if values[0] == values[1] else 'x'.join(map(str, values))}"
-                          for letter, values, plain in (("s", self.stride, 1), ("p", self.padding, 0),
-                                                        ("d", self.dilation, 1)) if values != (plain, plain))
-        return (f"{kh}x{kw} {c_in}->{c_out} {height}x{width}{options}"
-                + (f" g{self.groups}" if self.groups > 1 else "") + (" +bias" if self.bias else ""))
-
-    def flops(self) -> int:
-        _, c_out, oh, ow = self.y_shape
-        return 2 * self.x_shape[0] * c_out * oh * ow * self.w_shape[1] * self.w_shape[2] * self.w_shape[3]
-
-
-def _padding(module, x_shape) -> tuple[tuple, tuple]:
-    """(the input shape the convolution sees, its explicit padding) for a layer's padding and padding_mode."""
-    padding = module.padding
-    if isinstance(padding, str):  # 'valid' or 'same' (stride 1): torch pads the right and bottom one more
-        totals = [d * (k - 1) for d, k in zip(module.dilation, module.kernel_size)] if padding == "same" else [0, 0]
-        extra = [t % 2 for t in totals]
-        x_shape = (*x_shape[:2], x_shape[2] + extra[0], x_shape[3] + extra[1])
-        padding = tuple(t // 2 for t in totals)
-    if module.padding_mode != "zeros":  # F.pad first, then a convolution without padding
-        return (*x_shape[:2], x_shape[2] + 2 * padding[0], x_shape[3] + 2 * padding[1]), (0, 0)
-    return x_shape, tuple(padding)
-
-
-def conv_shapes(model: torch.nn.Module, input_shape) -> collections.Counter:
-    """{ConvShape: how many times the forward of `model` on an input of `input_shape` calls it}, one forward
-    pass on the meta device (the model is moved there)."""
-    found = collections.Counter()
-
-    def record(module, inputs, output):
-        x_shape, padding = _padding(module, tuple(inputs[0].shape))
-        found[ConvShape(x_shape, tuple(module.weight.shape), tuple(module.stride), padding, tuple(module.dilation),
-                        module.groups, module.bias is not None)] += 1
-
-    hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-    try:
-        model.to("meta").eval()
-        with torch.no_grad():
-            model(torch.empty(input_shape, device="meta"))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return found
 
 
 def model_shapes(name: str, batch: int = BATCH) -> collections.Counter:
@@ -129,24 +60,6 @@ def _tensors(shape: ConvShape, dtype, layout, seed=0):
         return torch.randn(size, device="cuda", generator=generator).to(dtype).contiguous(memory_format=memory_format)
 
     return make(shape.x_shape), make(shape.w_shape), make(shape.y_shape)
-
-
-def _compile_worker(shape: ConvShape, dtype_name: str, tf32: bool, layout: str):
-    """In a worker process: compile (by launching once) every kernel quick tuning may time for this row."""
-    os.environ["NNKERNELS_TUNE"] = "off"
-    from ..functional.conv import precompile
-
-    torch.backends.cudnn.allow_tf32 = tf32
-    x, weight, _ = _tensors(shape, getattr(torch, dtype_name), layout)
-    precompile(x, weight, shape.stride, shape.padding, shape.dilation, shape.groups, shape.bias)
-    torch.cuda.synchronize()
-
-
-def _precompile(jobs):
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(WORKERS, mp_context=context) as pool:
-        for future in [pool.submit(_compile_worker, *job) for job in jobs]:
-            future.result()
 
 
 def time_layer(shape: ConvShape, precision: str, layout: str) -> dict:
@@ -203,9 +116,13 @@ def run(quick: bool = False, models=None, batch: int = BATCH, precisions=DEFAULT
     torch.backends.cudnn.benchmark = True
     counts = {model: model_shapes(model, batch) for model in models}
     shapes = list(dict.fromkeys(shape for model in models for shape in counts[model]))
-    jobs = [(shape, str(PRECISIONS[p][0]).split(".")[-1], PRECISIONS[p][1], layout)
-            for shape in shapes for p in precisions for layout in layouts]
-    _precompile(jobs)
+    previous = torch.backends.cudnn.allow_tf32
+    try:
+        for precision in precisions:  # the kernels are those of NCHW inputs in either layout
+            dtype, torch.backends.cudnn.allow_tf32 = PRECISIONS[precision]
+            precompile_convs(shapes, dtype, WORKERS)
+    finally:
+        torch.backends.cudnn.allow_tf32 = previous
     times = {(shape, p, layout): time_layer(shape, p, layout)
              for shape in shapes for p in precisions for layout in layouts}
     rows = []
