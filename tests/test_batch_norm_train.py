@@ -1,7 +1,6 @@
 """Batch-norm kernels (training and frozen statistics) against torch.nn.functional.batch_norm in
 float64: the fused one-tile kernels and the split ones (forced on tiny shapes by a small plan)."""
 import functools
-import importlib
 
 import pytest
 import torch
@@ -12,8 +11,7 @@ from nnkernels.functional import batchnorm_algorithms as algorithms
 from nnkernels.functional import clear_plans, last_kernels
 from nnkernels.ops.batch_norm.train import BatchNorm2dTrainNormalize
 from support import DEVICE, DTYPES, GPU, assert_close, gpu, poisoned, randn
-
-bn = importlib.import_module("nnkernels.functional.batchnorm")  # the module; the package re-exports the function
+from nnkernels.functional import batchnorm as bn
 
 # Relative tolerance of the fp32 per-channel results (dweight, dbias, statistics) from any input dtype.
 STATS_TOL = 2e-5

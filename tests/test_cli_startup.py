@@ -58,6 +58,17 @@ def test_every_public_name_resolves():
         nnkernels.no_such_name  # noqa: B018
 
 
+def test_every_module_imports():
+    """Each module of the package, benchmarks included, imports (a stale import once broke `bench batch-norm`)."""
+    import importlib
+    import pkgutil
+
+    names = [module.name for module in pkgutil.walk_packages(nnkernels.__path__, "nnkernels.")]
+    assert "nnkernels.bench.batch_norm" in names and len(names) > 40
+    for name in names:
+        importlib.import_module(name)
+
+
 def _installed():
     from importlib.metadata import PackageNotFoundError, version
 

@@ -1,16 +1,13 @@
 """nnkernels.avg_pool2d and nnkernels.batch_norm against torch.nn.functional: values, gradients,
 running statistics, errors (with nothing written), the custom operators (opcheck), torch.compile."""
-import importlib
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from nnkernels.functional import last_kernels
 from support import DEVICE, DTYPES, assert_close, gpu, randn
-
-pool = importlib.import_module("nnkernels.functional.pooling")  # the module; the package re-exports the function
-bn = importlib.import_module("nnkernels.functional.batchnorm")  # the module; the package re-exports the function
+from nnkernels.functional import pooling as pool
+from nnkernels.functional import batchnorm as bn
 
 STATS_TOL = 2e-5
 

@@ -1,16 +1,13 @@
 """`side_by_side`: the convolution backward's dw on a side stream beside dx while a CUDA graph is captured, one
 after the other otherwise; the fork keeps one stream's ordering and the results (bitwise, against the two run
 one after the other)."""
-import importlib
 
 import pytest
 import torch
 from support import DEVICE, assert_close, gpu, randn
-
 from nnkernels.functional import streams
 from nnkernels.functional.streams import forked, side_by_side
-
-conv_module = importlib.import_module("nnkernels.functional.conv")
+from nnkernels.functional import conv as conv_module
 
 
 def test_side_by_side_returns_both_results():

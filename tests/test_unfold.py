@@ -3,7 +3,6 @@ gradient of small planes from columns laid out rows-outer: `Unfold2d` (both layo
 `F.unfold`, `Fold2d` against `F.fold` in float64, the fp32 columns of `Conv2dPointwiseFp32Out`, and
 nnkernels.conv2d on both paths against torch in float64, with TF32 on and off; outputs poisoned, ragged tiles,
 bad launches write nothing."""
-import importlib
 
 import pytest
 import torch
@@ -14,10 +13,9 @@ from support import (CONV_TF32_TOLERANCE, DEVICE, DTYPES, TOLERANCE, assert_clos
 from nnkernels.functional.unfold import fold_into, unfold
 from nnkernels.ops.conv2d.pointwise import Conv2dPointwiseFp32Out
 from nnkernels.ops.conv2d.unfold import Fold2d, Unfold2d
-
-conv_module = importlib.import_module("nnkernels.functional.conv")
-plan_module = importlib.import_module("nnkernels.functional.conv_problem")
-unfolded = importlib.import_module("nnkernels.functional.conv_algorithms.unfolded")
+from nnkernels.functional import conv as conv_module
+from nnkernels.functional import conv_problem as plan_module
+from nnkernels.functional.conv_algorithms import unfolded
 
 # (B, C, H, W), (KH, KW), stride, padding, dilation
 GEOMETRIES = [

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from . import harness
+from ..functional import pooling as pool
 from ..ops.avg_pool2d.seed import Avgpool2dBackward, Avgpool2dForward
-
-# The module (the package re-exports the function under the same name).
-pool = importlib.import_module("nnkernels.functional.pooling")
 
 BYTES_FORMULA = ("bytes = (numel(x) + numel(y)) * elem_size, both passes; floor = bytes / 4.27 TB/s; "
                  "of_copy = same-size copy time / ours")

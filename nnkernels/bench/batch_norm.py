@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from . import harness
+from ..functional import batchnorm as bn
+from ..functional.batchnorm_algorithms import fits_one_tile
+from ..machine import machine_of
 from ..ops.batch_norm.seed import BatchNorm2dNchwBackward, BatchNorm2dNchwForwardInference
-from ..ops.batch_norm.train import batch_norm_plan
-
-# The module (the package re-exports the function under the same name).
-bn = importlib.import_module("nnkernels.functional.batchnorm")
 
 BYTES_FORMULA = ("bytes: eval fwd 2Ne, eval bwd 3Ne, train fwd 3Ne, train bwd 5Ne (2Ne/3Ne when a channel fits "
                  "one tile); N = numel(x), e = elem size; floor = bytes / 4.27 TB/s; "
@@ -80,7 +78,7 @@ def run(quick: bool = False, case_filter: str = "") -> list[harness.Row]:
     rows = []
     for case, shape in [(c, s) for c, s in (SUITE[:1] if quick else SUITE) if case_filter in c]:
         B, C, H, W = shape
-        fused = batch_norm_plan(B, C, H * W).fused
+        fused = fits_one_tile(B, H * W, machine_of(torch.device("cuda")))
         for dtype in DTYPES:
             x = torch.randn(shape, device="cuda", dtype=dtype)
             dy = torch.randn_like(x)
