@@ -228,3 +228,31 @@ def test_one_nccl_rank_matches_batch_norm_in_float64(dtype, poisoned_outputs):
     finally:
         if owns_group:
             dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["no-process-group", "one-rank-gloo-group"])
+def test_fullgraph_compile_on_one_process_matches_batch_norm(group):
+    """torch.compile(fullgraph=True) over a model with SyncBatchNorm on one process (no group, or a group of one
+    rank: both take plain batch norm, as torch's SyncBatchNorm does) traces with no break and trains as
+    torch's BatchNorm2d: output, the conv's weight gradient, running statistics."""
+    import torch.distributed as dist
+
+    if group:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        ours = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), nnk.SyncBatchNorm(4), torch.nn.ReLU())
+        theirs = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+        theirs.load_state_dict(ours.state_dict())
+        ours, theirs = ours.to(DEVICE), theirs.to(DEVICE)
+        x = torch.randn(2, 3, 6, 6, device=DEVICE)
+        y = torch.compile(ours, fullgraph=True, backend="aot_eager")(x)
+        y.sum().backward()
+        y_ref = theirs(x)
+        y_ref.sum().backward()
+        assert torch.allclose(y, y_ref, atol=1e-5)
+        assert torch.allclose(ours[0].weight.grad, theirs[0].weight.grad, atol=1e-4)
+        assert torch.allclose(ours[1].running_var, theirs[1].running_var, atol=1e-6)
+    finally:
+        if group:
+            dist.destroy_process_group()
