@@ -214,3 +214,17 @@ def test_compiled_fullgraph_matches_eager_on_gpu(spatial):
             torch.testing.assert_close(b, a)
         for a, b in zip(stats["eager"], stats["compiled"]):
             torch.testing.assert_close(a, b)
+
+
+def test_the_running_statistics_operator_refuses_a_call_that_needs_its_gradient():
+    """nnkernels::batch_norm_train_update mutates, so torch.library takes no autograd formula for it: called where
+    a gradient would be needed it raises, rather than return outputs with no gradient (nnkernels.batch_norm
+    differentiates it through its own wrapper)."""
+    x = randn(2, 3, 4, 4).requires_grad_()
+    mean, var = torch.zeros(3, device=DEVICE), torch.ones(3, device=DEVICE)
+    with pytest.raises(RuntimeError, match="batch_norm_train_update, which has no autograd formula"):
+        torch.ops.nnkernels.batch_norm_train_update(x, None, None, mean, var, 0.1, 1e-5)
+    assert torch.equal(mean, torch.zeros(3, device=DEVICE))  # nothing updated
+    with torch.no_grad():
+        y, _, _ = torch.ops.nnkernels.batch_norm_train_update(x, None, None, mean, var, 0.1, 1e-5)
+    assert_close(y, F.batch_norm(x.detach().double(), None, None, training=True), torch.float32)

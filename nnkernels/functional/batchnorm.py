@@ -29,8 +29,8 @@ from .. import machine
 from .batchnorm_algorithms import (F32, BatchNormProblem, eval_backward_kernels, eval_backward_runner,
                                    eval_forward_kernels, eval_forward_runner, train_backward_kernels,
                                    train_backward_runner, train_forward_kernels, train_forward_runner)
-from .common import (ALIGNMENT, FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, elsewhere, record,
-                     register_kernels)
+from .common import (ALIGNMENT, FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, elsewhere, operator,
+                     record, register_autograd, register_fake, register_kernels)
 from .double_backward import batch_norm_eval_grads, batch_norm_train_grads
 from .. import tuning
 
@@ -317,7 +317,7 @@ def _fp32_stats(x):
     return x.new_empty(C, dtype=F32), x.new_empty(C, dtype=F32), x.new_empty(C, dtype=F32)
 
 
-@torch.library.custom_op("nnkernels::batch_norm_train", mutates_args=())
+@operator("batch_norm_train")
 def batch_norm_train_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Training forward: y, and the batch mean, rstd = 1/sqrt(var + eps) and unbiased variance (fp32, [C])."""
@@ -326,29 +326,34 @@ def batch_norm_train_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: O
     return _laid_out(plan, y), *stats
 
 
-@batch_norm_train_op.register_fake
+@register_fake("batch_norm_train")
 def _(x, weight, bias, eps):
     return (torch.empty_like(x), *_fp32_stats(x))
 
 
-@torch.library.custom_op("nnkernels::batch_norm_train_update", mutates_args=("running_mean", "running_var"))
+@operator("batch_norm_train_update", mutates_args=("running_mean", "running_var"))
 def batch_norm_train_update_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                                running_mean: torch.Tensor, running_var: torch.Tensor, momentum: float,
                                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Training forward that also updates the running statistics in place, running = (1 - momentum) * running +
-    momentum * batch statistic (the unbiased variance), fp32: y, and the batch mean and rstd (fp32, [C])."""
+    momentum * batch statistic (the unbiased variance), fp32: y, and the batch mean and rstd (fp32, [C]).
+    Differentiable only inside `_TrainUpdatingRunningStats` (torch.library takes no autograd formula for an
+    operator that mutates), so a call that would need one raises."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        raise RuntimeError("Trying to backward through nnkernels.batch_norm_train_update, which has no autograd "
+                           "formula: call nnkernels.batch_norm, which differentiates it")
     plan = _plan(x, weight, bias, running_mean, running_var, True)
     y, mean, rstd, _ = plan.run("train_forward_update", _ready(x), *plan.params(weight, bias), running_mean,
                                 running_var, eps, momentum)
     return _laid_out(plan, y), mean, rstd
 
 
-@batch_norm_train_update_op.register_fake
+@register_fake("batch_norm_train_update")
 def _(x, weight, bias, running_mean, running_var, momentum, eps):
     return (torch.empty_like(x), *_fp32_stats(x)[:2])
 
 
-@torch.library.custom_op("nnkernels::batch_norm_train_backward", mutates_args=())
+@operator("batch_norm_train_backward", derivative=False)
 def batch_norm_train_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], mean: torch.Tensor,
                                  rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Training backward: dx (the full formula through the batch statistics), dweight, dbias (fp32)."""
@@ -357,7 +362,7 @@ def batch_norm_train_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: Opti
     return _laid_out(plan, dx), dweight, dbias
 
 
-@batch_norm_train_backward_op.register_fake
+@register_fake("batch_norm_train_backward")
 def _(dy, x, weight, mean, rstd):
     return (torch.empty_like(x), *_fp32_stats(x)[:2])
 
@@ -375,10 +380,10 @@ def _train_backward(ctx, dy, *_stat_grads):
     return dx, *_param_grads(ctx.param_dtypes, dweight, dbias), None
 
 
-batch_norm_train_op.register_autograd(_train_backward, setup_context=_train_setup)
+register_autograd("batch_norm_train", _train_backward, _train_setup)
 
 
-@torch.library.custom_op("nnkernels::batch_norm_eval", mutates_args=())
+@operator("batch_norm_eval")
 def batch_norm_eval_op(x: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor,
                        weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     """Inference forward: y = (x - running_mean) * weight / sqrt(running_var + eps) + bias."""
@@ -387,12 +392,12 @@ def batch_norm_eval_op(x: torch.Tensor, running_mean: torch.Tensor, running_var:
                                     eps))
 
 
-@batch_norm_eval_op.register_fake
+@register_fake("batch_norm_eval")
 def _(x, running_mean, running_var, weight, bias, eps):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("nnkernels::batch_norm_eval_backward", mutates_args=())
+@operator("batch_norm_eval_backward", derivative=False)
 def batch_norm_eval_backward_op(dy: torch.Tensor, x: torch.Tensor, running_mean: torch.Tensor,
                                 running_var: torch.Tensor, weight: Optional[torch.Tensor],
                                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -403,7 +408,7 @@ def batch_norm_eval_backward_op(dy: torch.Tensor, x: torch.Tensor, running_mean:
     return _eval_dx_laid_out(plan, dx), dweight, dbias
 
 
-@batch_norm_eval_backward_op.register_fake
+@register_fake("batch_norm_eval_backward")
 def _(dy, x, running_mean, running_var, weight, eps):
     return (x.new_empty(x.shape) if x.device.type == "cuda" else torch.empty_like(x), *_fp32_stats(x)[:2])
 
@@ -421,7 +426,7 @@ def _eval_backward(ctx, dy):
     return dx, None, None, *_param_grads(ctx.param_dtypes, dweight, dbias), None
 
 
-batch_norm_eval_op.register_autograd(_eval_backward, setup_context=_eval_setup)
+register_autograd("batch_norm_eval", _eval_backward, _eval_setup)
 
 
 class _TrainUpdatingRunningStats(torch.autograd.Function):

@@ -42,6 +42,46 @@ def kernel(cls, *constants, dtype, num_warps=None, num_stages=None):
     return cls(*constants, dtype=dtype, num_warps=num_warps, num_stages=num_stages)
 
 
+# The operators torch.compile sees, defined on torch.library's own API rather than `torch.library.custom_op`: the
+# same schema, fake and autograd for less of each call's host time (custom_op wraps every call in Python checks;
+# docs/notes.md, "Host time"), which a compiled graph pays per op.
+OPS = torch.library.Library("nnkernels", "FRAGMENT")
+
+
+def operator(name: str, mutates_args=(), derivative=True):
+    """Decorator: `fn`, annotated as `torch.library.custom_op` takes it, becomes the operator `nnkernels::<name>`
+    (for every device); returns the operator, which callers call so that tracing sees it. `derivative`: whether
+    `register_autograd` gives it one; without, a backward through it raises (`_refuse_autograd`)."""
+    def define(fn):
+        OPS.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
+        OPS.impl(name, fn, "CompositeExplicitAutograd")
+        if not derivative:
+            _refuse_autograd(name)
+        return getattr(torch.ops.nnkernels, name).default
+
+    return define
+
+
+def register_fake(name: str):
+    """Decorator: the fake (meta) implementation of `nnkernels::<name>`."""
+    return torch.library.register_fake(f"nnkernels::{name}", lib=OPS)
+
+
+def register_autograd(name: str, backward, setup_context):
+    torch.library.register_autograd(f"nnkernels::{name}", backward, setup_context=setup_context, lib=OPS)
+
+
+def _refuse_autograd(name: str):
+    """Make a backward through `nnkernels::<name>` (a backward operator, which has no derivative of its own) raise,
+    where without an autograd kernel torch would carry on with no gradient."""
+    def backward(ctx, *grads):
+        raise RuntimeError(f"Trying to backward through nnkernels.{name}, which has no autograd formula: second "
+                           "derivatives through the operators torch.compile sees are not implemented (eagerly they "
+                           "work)")
+
+    register_autograd(name, backward, lambda ctx, inputs, output: None)
+
+
 def stored_config(config_type):
     """The `decode` that tuning reads a stored config of `config_type` back with: the dict of its fields."""
     return lambda stored: config_type(**stored)

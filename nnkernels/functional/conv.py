@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from .. import machine
-from .common import FLOAT_DTYPES, ArgumentError, PlanCache, building, elsewhere, record, register_kernels
+from .common import (FLOAT_DTYPES, OPS, ArgumentError, PlanCache, building, elsewhere, operator, record,
+                     register_autograd, register_fake, register_kernels)
 from .conv_algorithms import dw_pass, dx_pass, forward_pass
 from .double_backward import conv2d_grads
 from .conv_problem import Problem, output_size, tf32_products
@@ -401,7 +402,7 @@ def _traced(x, weight, bias, stride, padding, dilation, groups):
 
 # ---- the custom operators torch.compile sees ----
 
-@torch.library.custom_op("nnkernels::conv2d", mutates_args=())
+@operator("conv2d")
 def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: list[int], padding: list[int],
               dilation: list[int], groups: int) -> Tensor:
     """The forward custom op: a 4-D conv2d (see `conv2d`, which also takes 3-D input and string padding)."""
@@ -409,7 +410,7 @@ def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: list[in
     return plan.forward(*plan.prepare(x, weight, bias))
 
 
-@conv2d_op.register_fake
+@register_fake("conv2d")
 def _conv2d_fake(x, weight, bias, stride, padding, dilation, groups):
     _check(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups)
     oh = output_size(x.shape[2], weight.shape[2], stride[0], padding[0], dilation[0])
@@ -417,7 +418,7 @@ def _conv2d_fake(x, weight, bias, stride, padding, dilation, groups):
     return x.new_empty((x.shape[0], weight.shape[0], oh, ow))
 
 
-@torch.library.custom_op("nnkernels::conv2d_backward", mutates_args=())
+@operator("conv2d_backward", derivative=False)
 def conv2d_backward_op(grad_y: Tensor, x: Tensor, weight: Tensor, stride: list[int], padding: list[int],
                        dilation: list[int], groups: int, need_dx: bool, need_dw: bool,
                        need_dbias: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -428,7 +429,7 @@ def conv2d_backward_op(grad_y: Tensor, x: Tensor, weight: Tensor, stride: list[i
     return tuple(x.new_empty(0) if grad is None else grad for grad in grads)
 
 
-@conv2d_backward_op.register_fake
+@register_fake("conv2d_backward")
 def _conv2d_backward_fake(grad_y, x, weight, stride, padding, dilation, groups, need_dx, need_dw, need_dbias):
     return (x.new_empty(x.shape) if need_dx else x.new_empty(0),
             weight.new_empty(weight.shape) if need_dw else x.new_empty(0),
@@ -451,7 +452,7 @@ def _conv2d_op_backward(ctx, grad_y):
     return (dx if need_dx else None, dw if need_dw else None, dbias if need_dbias else None, None, None, None, None)
 
 
-conv2d_op.register_autograd(_conv2d_op_backward, setup_context=_setup_context)
+register_autograd("conv2d", _conv2d_op_backward, _setup_context)
 
 
 def _register_autocast(device_type):
@@ -471,10 +472,9 @@ def _register_autocast(device_type):
         with torch._C._ExcludeDispatchKeyGuard(excluded):
             return conv2d_op(cast(x), cast(weight), cast(bias), stride, padding, dilation, groups)
 
-    _AUTOCAST_LIBRARY.impl("conv2d", autocast_conv2d, key_name, with_keyset=True)
+    OPS.impl("conv2d", autocast_conv2d, key_name, with_keyset=True)
 
 
-_AUTOCAST_LIBRARY = torch.library.Library("nnkernels", "IMPL")
 for _device_type in _AUTOCAST_DEVICES:
     _register_autocast(_device_type)
 

@@ -16,7 +16,8 @@ from torch._prims_common import suggest_memory_format
 from .. import tuning
 from .. import machine
 from ..ops.avg_pool2d.gather import pooled_size
-from .common import FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, elsewhere, record, register_kernels
+from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, elsewhere, operator, record,
+                     register_autograd, register_fake, register_kernels)
 from .double_backward import avg_pool2d_dx
 from .pooling_algorithms import PoolingPass
 
@@ -193,7 +194,7 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
     return y.squeeze(0) if unbatched else y
 
 
-@torch.library.custom_op("nnkernels::avg_pool2d", mutates_args=())
+@operator("avg_pool2d")
 def avg_pool2d_op(x: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int], ceil_mode: bool,
                   count_include_pad: bool, divisor_override: int) -> torch.Tensor:
     """4-D average pooling forward (divisor_override 0 = none); see `avg_pool2d`."""
@@ -202,14 +203,14 @@ def avg_pool2d_op(x: torch.Tensor, kernel_size: list[int], stride: list[int], pa
     return _laid_out(plan, plan.run("forward", _ready(x)))
 
 
-@avg_pool2d_op.register_fake
+@register_fake("avg_pool2d")
 def _(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     B, C, H, W = x.shape
     y = x.new_empty(B, C, *_output_size(H, W, kernel_size, stride, padding, ceil_mode))
     return y.contiguous(memory_format=torch.channels_last) if _suggests_channels_last(x) else y
 
 
-@torch.library.custom_op("nnkernels::avg_pool2d_backward", mutates_args=())
+@operator("avg_pool2d_backward", derivative=False)
 def avg_pool2d_backward_op(dy: torch.Tensor, input_height: int, input_width: int, kernel_size: list[int],
                            stride: list[int], padding: list[int], ceil_mode: bool, count_include_pad: bool,
                            divisor_override: int) -> torch.Tensor:
@@ -222,7 +223,7 @@ def avg_pool2d_backward_op(dy: torch.Tensor, input_height: int, input_width: int
     return plan.run("backward", _ready(dy))
 
 
-@avg_pool2d_backward_op.register_fake
+@register_fake("avg_pool2d_backward")
 def _(dy, input_height, input_width, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     return dy.new_empty(dy.shape[0], dy.shape[1], input_height, input_width)
 
@@ -238,7 +239,7 @@ def _backward(ctx, dy):
     return dx, None, None, None, None, None, None
 
 
-avg_pool2d_op.register_autograd(_backward, setup_context=_setup_context)
+register_autograd("avg_pool2d", _backward, _setup_context)
 
 
 def _kernel_classes():
