@@ -87,19 +87,50 @@ def test_statistics_are_stable_far_from_zero(plan):
     assert_close(rstd, x64.var((0, 2, 3), unbiased=False).rsqrt(), tol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d).replace("torch.", ""))
+def test_training_updates_running_stats_once_in_its_forward(plan, dtype):
+    """batch_norm in training with running statistics: y, the gradients and the updated statistics (the
+    unbiased variance, momentum 0.3) against float64; both plans launch no kernel of their own for the update."""
+    B, C, H, W = 3, 4, 5, 6
+    x = (randn(B, C, H, W) * 2 + 3).to(dtype).requires_grad_()
+    weight, bias = randn(C).requires_grad_(), randn(C).requires_grad_()
+    running_mean, running_var = randn(C), randn(C).abs() + 0.5
+    mean64, var64 = running_mean.double(), running_var.double()
+    y = bn.batch_norm(x, running_mean, running_var, weight, bias, training=True, momentum=0.3)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, weight, bias))
+    y64 = F.batch_norm(x64, mean64, var64, w64, b64, training=True, momentum=0.3)
+    assert_close(running_mean, mean64, tol=STATS_TOL)
+    assert_close(running_var, var64, tol=STATS_TOL)
+    assert_close(y, y64, dtype)
+    dy = randn(B, C, H, W, dtype=dtype)
+    y.backward(dy)
+    y64.backward(dy.double())
+    assert_close(x.grad, x64.grad, dtype)
+    assert_close(weight.grad, w64.grad, tol=STATS_TOL)
+    assert_close(bias.grad, b64.grad, tol=STATS_TOL)
+    forward = last_kernels("batch_norm")["train_forward_update"]
+    assert len(forward) == (1 if plan == "fused" else 2), forward
+
+
 def test_normalize_launch_checks_sizes_and_writes_nothing():
     B, C, HW = 2, 3, 8
     x = randn(B, C, HW)
     y = poisoned(B, C, HW)
-    stats = [randn(C).abs() for _ in range(3)]
-    partials = [randn(C * 2).abs() for _ in range(3)]
-    kernel = BatchNorm2dTrainNormalize(1, 8, 2)
-    with pytest.raises(ValueError, match="TILES_PER_CHUNK|NUM_PARTIALS"):
-        kernel.launch(x, y, randn(C), randn(C), *partials, *stats, B, C, HW, 4, 1, 1e-5)
+    stats = [randn(C).abs() for _ in range(5)]  # mean, rstd, var_unbiased, running_mean, running_var
+    partials = randn(3 * C * 2).abs()  # three rows of C * 2 partials
+    kernel = BatchNorm2dTrainNormalize(1, 8, 2, True)
+    with pytest.raises(ValueError, match="NUM_PARTIALS"):
+        kernel.launch(x, y, randn(C), randn(C), randn(3 * C * 4), *stats, B, C, HW, 4, 1, C * 4, 1e-5, 0.1)
+    with pytest.raises(ValueError, match="ROW_STRIDE"):
+        kernel.launch(x, y, randn(C), randn(C), partials, *stats, B, C, HW, 2, 1, C, 1e-5, 0.1)
+    with pytest.raises(ValueError, match="partials"):
+        kernel.launch(x, y, randn(C), randn(C), partials[:-1], *stats, B, C, HW, 2, 1, C * 2, 1e-5, 0.1)
     with pytest.raises(ValueError, match="weight"):
-        kernel.launch(x, y, randn(C + 1), randn(C), *partials, *stats, B, C, HW, 2, 1, 1e-5)
-    with pytest.raises(TypeError, match="partial_count"):
-        kernel.launch(x, y, randn(C), randn(C), partials[0].double(), *partials[1:], *stats, B, C, HW, 2, 1, 1e-5)
+        kernel.launch(x, y, randn(C + 1), randn(C), partials, *stats, B, C, HW, 2, 1, C * 2, 1e-5, 0.1)
+    with pytest.raises(ValueError, match="running_var"):
+        kernel.launch(x, y, randn(C), randn(C), partials, *stats[:4], randn(C + 1), B, C, HW, 2, 1, C * 2, 1e-5, 0.1)
+    with pytest.raises(TypeError, match="partials"):
+        kernel.launch(x, y, randn(C), randn(C), partials.double(), *stats, B, C, HW, 2, 1, C * 2, 1e-5, 0.1)
     assert torch.isnan(y).all()
 
 

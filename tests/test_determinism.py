@@ -56,7 +56,7 @@ CONV_CL_TMA = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward"
 CONV_DEPTHWISE = ("Conv2dDepthwiseForward", "Conv2dDepthwiseDx", "Conv2dDepthwiseDw", "Conv2dDwReduce")
 BN_FUSED = ("BatchNorm2dTrainForwardFused", "BatchNorm2dTrainBackwardFused")  # the forward updates the running stats
 BN_SPLIT = ("BatchNorm2dPartialStats", "BatchNorm2dTrainNormalize", "BatchNorm2dPartialGradSums",
-            "BatchNorm2dTrainBackwardDx", "BatchNorm2dUpdateRunningStats")
+            "BatchNorm2dTrainBackwardDx")
 
 CASES = {
     # conv2d: implicit GEMM on channels-last copies (dx whenever C_OUT is a multiple of 16: at stride 1 as the

@@ -19,7 +19,7 @@ from ..ops.batch_norm.eval import (BatchNorm2dEvalBackward, BatchNorm2dEvalBackw
                                    BatchNorm2dEvalForwardGrouped, BatchNorm2dSumPartials)
 from ..ops.batch_norm.train import (BatchNorm2dPartialGradSums, BatchNorm2dPartialStats, BatchNorm2dTrainBackwardDx,
                                     BatchNorm2dTrainBackwardFused, BatchNorm2dTrainForwardFused,
-                                    BatchNorm2dTrainNormalize, BatchNorm2dUpdateRunningStats)
+                                    BatchNorm2dTrainNormalize)
 from ..ops.common.host_math import cdiv, next_power_of_2
 from .common import allocator, kernel, stored_config
 
@@ -196,19 +196,16 @@ def train_forward_kernels(problem, config, update_running):
         return [_grouped_kernel(BatchNorm2dTrainForwardFused, problem.dtype, _grouped(problem, config),
                                 config.num_warps, (update_running,))]
     plan = _split_plan(problem, config)
-    kernels = [kernel(BatchNorm2dPartialStats, plan.block_b, plan.block_hw, dtype=problem.dtype,
-                      num_warps=config.num_warps),
-               kernel(BatchNorm2dTrainNormalize, plan.block_b, plan.block_hw, plan.block_partials, dtype=problem.dtype,
-                      num_warps=config.num_warps)]
-    if update_running:
-        kernels.append(kernel(BatchNorm2dUpdateRunningStats, min(1024, next_power_of_2(problem.dims[1])), dtype=F32))
-    return kernels
+    return [kernel(BatchNorm2dPartialStats, plan.block_b, plan.block_hw, dtype=problem.dtype,
+                   num_warps=config.num_warps),
+            kernel(BatchNorm2dTrainNormalize, plan.block_b, plan.block_hw, plan.block_partials, update_running,
+                   dtype=problem.dtype, num_warps=config.num_warps)]
 
 
 def train_forward_runner(problem, config, update_running):
     """run(x, weight, bias, running_mean, running_var, eps, momentum) -> (y, mean, rstd, var_unbiased), updating the
-    running statistics in place when `update_running` (the grouped kernel in its own pass, the split passes after
-    them). weight and bias are fp32."""
+    running statistics in place when `update_running` (in the grouped kernel's one pass, in the split's second).
+    weight and bias are fp32."""
     B, C, HW = problem.dims
     launches = [Launcher(k) for k in train_forward_kernels(problem, config, update_running)]
     shape, new, new_f32 = problem.shape, allocator(problem.dtype, problem.device), allocator(F32, problem.device)
@@ -226,19 +223,19 @@ def train_forward_runner(problem, config, update_running):
 
         return run
     plan = _split_plan(problem, config)
-    stats, normalize = launches[:2]
-    update = launches[2] if update_running else None
-    partials, chunks, tiles_per_chunk = C * plan.num_chunks, plan.num_chunks, plan.tiles_per_chunk
+    stats, normalize = launches
+    chunks, tiles_per_chunk = plan.num_chunks, plan.tiles_per_chunk
+    row = _padded_length(C * chunks)  # count, mean and M2 rows in one buffer
 
     def run_split(x, weight, bias, running_mean, running_var, eps, momentum):
-        count, partial_mean, partial_m2 = (new_f32(partials) for _ in range(3))
-        stats(x, count, partial_mean, partial_m2, B, C, HW, tiles_per_chunk)
+        partials = new_f32(3 * row)
+        stats(x, partials, B, C, HW, tiles_per_chunk, row)
         y = new(*shape)
         mean, rstd, var_unbiased = (new_f32(C) for _ in range(3))
-        normalize(x, y, weight, bias, count, partial_mean, partial_m2, mean, rstd, var_unbiased, B, C, HW, chunks,
-                  tiles_per_chunk, eps)
-        if update is not None:
-            update(running_mean, running_var, mean, var_unbiased, C, momentum)
+        # Without running statistics the kernel never reads its running pointers: mean and var_unbiased stand in.
+        old = (running_mean, running_var) if update_running else (mean, var_unbiased)
+        normalize(x, y, weight, bias, partials, mean, rstd, var_unbiased, *old, B, C, HW, chunks, tiles_per_chunk,
+                  row, eps, momentum)
         return y, mean, rstd, var_unbiased
 
     return run_split
@@ -272,14 +269,15 @@ def train_backward_runner(problem, config):
         return run
     plan = _split_plan(problem, config)
     sums, dx_pass = launches
-    partials, chunks, tiles_per_chunk = C * plan.num_chunks, plan.num_chunks, plan.tiles_per_chunk
+    chunks, tiles_per_chunk = plan.num_chunks, plan.tiles_per_chunk
+    row = _padded_length(C * chunks)  # sum_dy and sum_dy_xmu rows in one buffer
 
     def run_split(dy, x, weight, mean, rstd):
-        sum_dy, sum_dy_xmu = new_f32(partials), new_f32(partials)
-        sums(dy, x, mean, sum_dy, sum_dy_xmu, B, C, HW, tiles_per_chunk)
+        partials = new_f32(2 * row)
+        sums(dy, x, mean, partials, B, C, HW, tiles_per_chunk, row)
         dx = new(*shape)
         dweight, dbias = new_f32(C), new_f32(C)
-        dx_pass(dy, x, dx, weight, mean, rstd, sum_dy, sum_dy_xmu, dweight, dbias, B, C, HW, chunks, tiles_per_chunk)
+        dx_pass(dy, x, dx, weight, mean, rstd, partials, dweight, dbias, B, C, HW, chunks, tiles_per_chunk, row)
         return dx, dweight, dbias
 
     return run_split
@@ -401,14 +399,15 @@ def sync_statistics_kernels(problem, config):
 
 def sync_statistics_runner(problem, config):
     """(run(x, partials), chunks): run writes x's per-chunk count, mean (of x - x[0, c, 0]) and M2 into rows 0, 1 and
-    2 of `partials`, fp32 [3 or more, >= C*chunks], as [C, chunks] each (BatchNorm2dPartialStats)."""
+    2 of `partials`, fp32 [3 or more, >= C*chunks] with contiguous rows, as [C, chunks] each
+    (BatchNorm2dPartialStats)."""
     B, C, HW = problem.dims
     plan = _split_plan(problem, config)
     stats = Launcher(sync_statistics_kernels(problem, config)[0])
-    length, tiles_per_chunk = C * plan.num_chunks, plan.tiles_per_chunk
+    tiles_per_chunk = plan.tiles_per_chunk
 
     def run(x, partials):
-        stats(x, partials[0, :length], partials[1, :length], partials[2, :length], B, C, HW, tiles_per_chunk)
+        stats(x, partials, B, C, HW, tiles_per_chunk, partials.stride(0))
 
     return run, plan.num_chunks
 
@@ -426,10 +425,11 @@ def sync_backward_kernels(problem, config):
 
 
 def sync_backward_runners(problem, config):
-    """(sums(dy, x, mean, local), dx(dy, x, weight, mean, rstd, sum_dy, sum_dy_xmu) -> dx).
+    """(sums(dy, x, mean, local), dx(dy, x, weight, mean, rstd, totals) -> dx).
 
     sums writes this rank's per-channel sum of dy into local[0, :C] and of dy * (x - mean) into local[1, :C]
-    (fp32, partials per chunk summed in a fixed order). dx takes the sums over every rank, each already scaled by
+    (fp32 [2, >= C] with contiguous rows; partials per chunk summed in a fixed order). dx takes the sums over
+    every rank in `totals` (laid out as `local`), each already scaled by
     B*HW / N (N the count over every rank): BatchNorm2dTrainBackwardDx, given them as one partial per channel,
     divides by this rank's own count B*HW, so it divides by N. Its dweight and dbias go to scratch."""
     B, C, HW = problem.dims
@@ -440,36 +440,20 @@ def sync_backward_runners(problem, config):
     chunks, tiles_per_chunk = plan.num_chunks, plan.tiles_per_chunk
     shape, dtype, device = problem.shape, problem.dtype, problem.device
     scratch = torch.empty(2, _padded_length(C), dtype=F32, device=device)  # written by dx_pass, never read
-    partials = _padded_length(C * chunks)
+    row = _padded_length(C * chunks)
 
     def run_sums(dy, x, mean, local):
         if total is None:
-            sums(dy, x, mean, local[0, :C], local[1, :C], B, C, HW, tiles_per_chunk)
+            sums(dy, x, mean, local, B, C, HW, tiles_per_chunk, local.stride(0))
             return
-        partial = torch.empty(2, partials, dtype=F32, device=device)
-        sum_dy, sum_dy_xmu = partial[0, :C * chunks], partial[1, :C * chunks]
-        sums(dy, x, mean, sum_dy, sum_dy_xmu, B, C, HW, tiles_per_chunk)
-        total(sum_dy_xmu, sum_dy, local[1, :C], local[0, :C], C, chunks)
+        partial = torch.empty(2, row, dtype=F32, device=device)
+        sums(dy, x, mean, partial, B, C, HW, tiles_per_chunk, row)
+        total(partial[1, :C * chunks], partial[0, :C * chunks], local[1, :C], local[0, :C], C, chunks)
 
-    def run_dx(dy, x, weight, mean, rstd, sum_dy, sum_dy_xmu):
+    def run_dx(dy, x, weight, mean, rstd, totals):
         dx = torch.empty(shape, dtype=dtype, device=device)
-        dx_pass(dy, x, dx, weight, mean, rstd, sum_dy, sum_dy_xmu, scratch[1, :C], scratch[0, :C], B, C, HW, 1,
-                tiles_per_chunk)
+        dx_pass(dy, x, dx, weight, mean, rstd, totals, scratch[1, :C], scratch[0, :C], B, C, HW, 1, tiles_per_chunk,
+                totals.stride(0))
         return dx
 
     return run_sums, run_dx
-
-
-def running_stats_update_kernel(C):
-    return kernel(BatchNorm2dUpdateRunningStats, min(1024, next_power_of_2(C)), dtype=F32)
-
-
-def running_stats_update_runner(C):
-    """run(running_mean, running_var, mean, var_unbiased, momentum): torch's update of the running statistics, in
-    place (BatchNorm2dUpdateRunningStats)."""
-    update = Launcher(running_stats_update_kernel(C))
-
-    def run(running_mean, running_var, mean, var_unbiased, momentum):
-        update(running_mean, running_var, mean, var_unbiased, C, momentum)
-
-    return run

@@ -231,7 +231,7 @@ class _SyncTrain(torch.autograd.Function):
             dist.all_reduce(sums, group=ctx.group)
             if plan.count > 0:
                 sums.mul_(plan.count / ctx.total)  # the dx kernel divides by this rank's count
-                dx = plan.dx(_ready(dy), x, weight32, mean, rstd, sums[0, :C], sums[1, :C])
+                dx = plan.dx(_ready(dy), x, weight32, mean, rstd, sums)
         return dx, dweight, dbias, None, None, None, None, None
 
 

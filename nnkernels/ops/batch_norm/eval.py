@@ -19,8 +19,8 @@ from .train import (
     channel_sums,
     check_activations,
     check_channel_tensors,
-    check_split,
     fused_entry,
+    split_chunks,
 )
 from ..common.host_math import cdiv
 
@@ -33,11 +33,9 @@ def eval_entry(k, a):
     check_channel_tensors(a, ("weight", "bias", "running_mean", "running_var"), a.C)
     if not a.eps >= 0:
         raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
-    num_tiles = cdiv(a.B, k.block_b) * cdiv(a.HW, k.block_hw)
-    num_chunks = cdiv(num_tiles, a.TILES_PER_CHUNK)
+    num_chunks = split_chunks(k, a)
     if hasattr(a, "partial_dweight"):
         check_channel_tensors(a, ("partial_dweight", "partial_dbias"), a.C * num_chunks, "C*chunks")
-    check_split(k, a, num_chunks)
     return (a.C, num_chunks)
 
 

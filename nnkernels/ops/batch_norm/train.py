@@ -3,8 +3,8 @@
 x is viewed as [B, C, HW]. A channel's B*HW elements are cut into tiles of BLOCK_B batch rows
 by BLOCK_HW contiguous positions, numbered t = b_tile * cdiv(HW, BLOCK_HW) + hw_tile; program
 (c, chunk) of a split kernel owns tiles [chunk*TILES_PER_CHUNK, (chunk+1)*TILES_PER_CHUNK), so
-channels few against a large batch still fill the GPU. Per-chunk partials (fp32, [C, chunks])
-are combined by every consumer in one fixed order, so results are bitwise reproducible.
+channels few against a large batch still fill the GPU. Per-chunk partials (fp32, [C, chunks] each, the
+rows of one `partials` buffer ROW_STRIDE apart) are combined by every consumer in one fixed order, so results are bitwise reproducible.
 A channel that fits one tile takes the fused kernels (one pass): program p owns CHANNELS consecutive
 channels c0 = p*CHANNELS.., whose HW positions are, in every image b, one contiguous run of
 CHANNELS*HW elements; the tile is [BLOCK_B images, BLOCK_J >= CHANNELS*HW columns] with column
@@ -41,41 +41,54 @@ def check_activations(a, names):
             check_numel(name, getattr(a, name), a.B * a.C * a.HW, "B*C*HW")
 
 
-def check_split(k, a, num_chunks):
-    """The chunks must cover the channel's tiles, and the partials fit one BLOCK_PARTIALS block."""
-    num_tiles = cdiv(a.B, k.block_b) * cdiv(a.HW, k.block_hw)
-    if cdiv(num_tiles, a.TILES_PER_CHUNK) != num_chunks:
-        raise ValueError(
-            f"TILES_PER_CHUNK: {a.TILES_PER_CHUNK} tiles per chunk split the {num_tiles} tiles of a channel into "
-            f"{cdiv(num_tiles, a.TILES_PER_CHUNK)} chunks, expected {num_chunks}"
-        )
+def split_chunks(k, a):
+    """The chunks of TILES_PER_CHUNK tiles that cover a channel's tiles: at most the grid's 65535."""
+    if a.TILES_PER_CHUNK < 1:
+        raise ValueError(f"TILES_PER_CHUNK: expected at least 1, got {a.TILES_PER_CHUNK}")
+    num_chunks = cdiv(cdiv(a.B, k.block_b) * cdiv(a.HW, k.block_hw), a.TILES_PER_CHUNK)
     if num_chunks > 65535:
         raise ValueError(f"TILES_PER_CHUNK: {num_chunks} chunks exceed the 65535 of the grid's second axis")
+    return num_chunks
 
 
-def partial_stats_entry(k, a):
-    """Grid [C, chunks]; the partials hold C * chunks values each."""
-    check_activations(a, ("x", "dy"))
-    check_channel_tensors(a, ("mean",), a.C)
-    partials = [n for n in vars(a) if n.startswith("partial_")]
-    num_chunks = max(1, getattr(a, partials[0]).numel() // a.C)
-    check_channel_tensors(a, partials, a.C * num_chunks, "C*chunks")
-    check_split(k, a, num_chunks)
-    return (a.C, num_chunks)
+def check_partials(a, rows, length):
+    """`partials` holds `rows` rows of `length` values, ROW_STRIDE apart."""
+    if a.ROW_STRIDE < length:
+        raise ValueError(f"ROW_STRIDE: expected at least the {length} values of a row, got {a.ROW_STRIDE}")
+    needed = (rows - 1) * a.ROW_STRIDE + length
+    if a.partials.numel() < needed:
+        raise ValueError(f"partials: expected at least {rows - 1}*ROW_STRIDE + {length} = {needed} elements "
+                         f"({rows} rows), got {a.partials.numel()}")
 
 
-def normalize_entry(k, a):
-    """Grid [C, chunks] over y's tiles; NUM_PARTIALS stats partials per channel are merged."""
-    check_activations(a, ("x", "y", "dy", "dx"))
-    check_channel_tensors(a, ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias"), a.C)
-    partials = [n for n in vars(a) if n.startswith("partial_")]
-    check_channel_tensors(a, partials, a.C * a.NUM_PARTIALS, "C*NUM_PARTIALS")
-    if a.NUM_PARTIALS > k.block_partials:
-        raise ValueError(f"NUM_PARTIALS: expected at most block_partials = {k.block_partials}, got {a.NUM_PARTIALS}")
-    num_tiles = cdiv(a.B, k.block_b) * cdiv(a.HW, k.block_hw)
-    if hasattr(a, "eps") and not a.eps >= 0:
-        raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
-    return (a.C, cdiv(num_tiles, a.TILES_PER_CHUNK))
+def partials_entry(rows):
+    """The entry of a first pass writing `rows` rows of partials: grid [C, chunks], the chunks
+    cdiv(tiles, TILES_PER_CHUNK), each row C * chunks values."""
+    def entry(k, a):
+        check_activations(a, ("x", "dy"))
+        check_channel_tensors(a, ("mean",), a.C)
+        num_chunks = split_chunks(k, a)
+        check_partials(a, rows, a.C * num_chunks)
+        return (a.C, num_chunks)
+
+    return entry
+
+
+def second_pass_entry(rows):
+    """The entry of a second pass reading `rows` rows of partials: grid [C, chunks] over its tiles, each row
+    NUM_PARTIALS values per channel."""
+    def entry(k, a):
+        check_activations(a, ("x", "y", "dy", "dx"))
+        check_channel_tensors(a, ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias",
+                                  "running_mean", "running_var"), a.C)
+        check_partials(a, rows, a.C * a.NUM_PARTIALS)
+        if a.NUM_PARTIALS > k.block_partials:
+            raise ValueError(f"NUM_PARTIALS: expected at most block_partials = {k.block_partials}, got {a.NUM_PARTIALS}")
+        if hasattr(a, "eps") and not a.eps >= 0:
+            raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
+        return (a.C, split_chunks(k, a))
+
+    return entry
 
 
 def fused_entry(k, a):
@@ -105,15 +118,9 @@ def fused_entry(k, a):
     return (cdiv(a.C, a.CHANNELS),)
 
 
-def update_running_stats_entry(k, a):
-    """Grid [cdiv(C, BLOCK_C)]."""
-    check_channel_tensors(a, ("running_mean", "running_var", "mean", "var_unbiased"), a.C)
-    return (cdiv(a.C, k.block_c),)
-
-
 @triton.jit
 def batch_norm2d_partial_stats(
-    x, partial_count, partial_mean, partial_m2, B, C, HW, TILES_PER_CHUNK,
+    x, partials, B, C, HW, TILES_PER_CHUNK, ROW_STRIDE,
     BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr,
 ):
     """Per-chunk count, mean and sum of squared deviations (M2) of x, in fp32.
@@ -126,7 +133,8 @@ def batch_norm2d_partial_stats(
     mean_t = sum(x)/n_t + sum(d)/n_t; M2_t = sum(d^2) - sum(d)^2/n_t) and merges them into its running
     (count, mean, M2) by Chan's formula:
         delta = mean_t - mean; mean += delta * n_t / n; M2 += M2_t + delta^2 * n_old * n_t / n.
-    Writes partial_*[c * chunks + chunk]; every partial is written.
+    Writes partials[r * ROW_STRIDE + c * chunks + chunk] for rows r = 0, 1, 2: count, mean, M2; every
+    partial is written.
     """
     c = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -157,9 +165,9 @@ def batch_norm2d_partial_stats(
         m2 += tile_m2 + delta * delta * (count * tile_count / merged)
         count = merged
     slot = c * tl.num_programs(1) + chunk
-    tl.store(partial_count + slot, count)
-    tl.store(partial_mean + slot, mean)
-    tl.store(partial_m2 + slot, m2)
+    tl.store(partials + slot, count)
+    tl.store(partials + ROW_STRIDE + slot, mean)
+    tl.store(partials + 2 * ROW_STRIDE + slot, m2)
 
 
 @triton.jit
@@ -171,17 +179,21 @@ def reversed_chunk():
 
 @triton.jit
 def batch_norm2d_train_normalize(
-    x, y, weight, bias, partial_count, partial_mean, partial_m2, mean, rstd, var_unbiased,
-    B, C, HW, NUM_PARTIALS, TILES_PER_CHUNK, eps,
-    BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_PARTIALS: tl.constexpr,
+    x, y, weight, bias, partials, mean, rstd, var_unbiased, running_mean, running_var,
+    B, C, HW, NUM_PARTIALS, TILES_PER_CHUNK, ROW_STRIDE, eps, momentum,
+    BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_PARTIALS: tl.constexpr, UPDATE_RUNNING: tl.constexpr,
 ):
     """Training forward, second pass: merge the statistics partials, then normalise.
 
-    Grid: [C, chunks]. Every program of channel c merges its NUM_PARTIALS partials (of x - x[0, c, 0])
+    Grid: [C, chunks]. Every program of channel c merges its NUM_PARTIALS partials (of x - x[0, c, 0];
+    rows count, mean, M2 of `partials`, ROW_STRIDE apart, as batch_norm2d_partial_stats wrote them)
     in the same order (parallel formula, corrected: n = sum n_i, m = sum n_i*mean_i / n, s_i = mean_i - m,
     mean = m + sum n_i*s_i / n, M2 = sum M2_i + sum n_i*s_i^2 - (sum n_i*s_i)^2 / n), so all
     agree bitwise; program (c, 0) writes
-    mean[c], rstd[c] = 1/sqrt(M2/n + eps) and var_unbiased[c] = M2/(n - 1). Then it writes, on
+    mean[c], rstd[c] = 1/sqrt(M2/n + eps) and var_unbiased[c] = M2/(n - 1), and with UPDATE_RUNNING
+    updates the running statistics in place, as torch does:
+        running_mean[c] = (1 - momentum) * running_mean[c] + momentum * mean[c]  (var: var_unbiased[c])
+    (without it the running pointers are not touched). Then it writes, on
     the tiles of its chunk, y = (x - mean) * (weight[c] * rstd) + bias[c]. Every y is written.
     Chunks and tiles are taken in the reverse of the statistics pass's order (`reversed_chunk`), so the
     data that pass read last, most likely still in L2, is read first.
@@ -190,9 +202,10 @@ def batch_norm2d_train_normalize(
     chunk = reversed_chunk()
     k = tl.arange(0, BLOCK_PARTIALS)
     in_partials = k < NUM_PARTIALS
-    counts = tl.load(partial_count + c * NUM_PARTIALS + k, mask=in_partials, other=0.0)
-    means = tl.load(partial_mean + c * NUM_PARTIALS + k, mask=in_partials, other=0.0)
-    m2s = tl.load(partial_m2 + c * NUM_PARTIALS + k, mask=in_partials, other=0.0)
+    at = partials + c * NUM_PARTIALS + k
+    counts = tl.load(at, mask=in_partials, other=0.0)
+    means = tl.load(at + ROW_STRIDE, mask=in_partials, other=0.0)
+    m2s = tl.load(at + 2 * ROW_STRIDE, mask=in_partials, other=0.0)
     count = tl.sum(counts, axis=0)
     rough_mean = tl.sum(counts * means, axis=0) / count
     spread = means - rough_mean
@@ -201,9 +214,13 @@ def batch_norm2d_train_normalize(
     m2 = tl.sum(m2s, axis=0) + tl.sum(counts * spread * spread, axis=0) - residual * residual / count
     channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(m2 / count + eps))
     if chunk == 0:
+        channel_var_unbiased = m2 / (count - 1.0)
         tl.store(mean + c, channel_mean)
         tl.store(rstd + c, channel_rstd)
-        tl.store(var_unbiased + c, m2 / (count - 1.0))
+        tl.store(var_unbiased + c, channel_var_unbiased)
+        if UPDATE_RUNNING:
+            tl.store(running_mean + c, (1.0 - momentum) * tl.load(running_mean + c) + momentum * channel_mean)
+            tl.store(running_var + c, (1.0 - momentum) * tl.load(running_var + c) + momentum * channel_var_unbiased)
     scale = tl.load(weight + c) * channel_rstd
     shift = tl.load(bias + c)
     num_hw_tiles = tl.cdiv(HW, BLOCK_HW)
@@ -263,7 +280,7 @@ def batch_norm2d_train_forward_fused(
     batch_norm2d_partial_stats, sums segmented by `channel_sums`), writes mean[c],
     rstd[c] = 1/sqrt(var + eps), var_unbiased[c] = var * n/(n - 1) (n = B*HW), and
     y = (x - mean) * (weight[c] * rstd) + bias[c]. Every y is written.
-    With UPDATE_RUNNING, also the running-statistics update of batch_norm2d_update_running_stats:
+    With UPDATE_RUNNING, also the running-statistics update, as torch does it:
         new_running_mean[c] = (1 - momentum) * running_mean[c] + momentum * mean[c]  (var: var_unbiased[c]);
     new_running_* may be running_* (in place: a program reads its channels before it writes them).
     Without it the four running pointers are not touched.
@@ -298,13 +315,14 @@ def batch_norm2d_train_forward_fused(
 
 @triton.jit
 def batch_norm2d_partial_grad_sums(
-    dy, x, mean, partial_sum_dy, partial_sum_dy_xmu, B, C, HW, TILES_PER_CHUNK,
+    dy, x, mean, partials, B, C, HW, TILES_PER_CHUNK, ROW_STRIDE,
     BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr,
 ):
     """Training backward, first pass: per-chunk sums of dy and dy * (x - mean[c]) in fp32.
 
     Grid: [C, chunks]. Program (c, chunk) accumulates over the tiles of its chunk lane by lane, then
-    reduces once; writes partial_sum_dy[c * chunks + chunk] and partial_sum_dy_xmu[...] (all written).
+    reduces once; writes partials[c * chunks + chunk] = its sum of dy and
+    partials[ROW_STRIDE + c * chunks + chunk] = its sum of dy * (x - mean) (all written).
     """
     c = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -324,19 +342,20 @@ def batch_norm2d_partial_grad_sums(
         sum_dy += dyv
         sum_dy_xmu += dyv * tl.where(inside, xv - channel_mean, 0.0)
     slot = c * tl.num_programs(1) + chunk
-    tl.store(partial_sum_dy + slot, tl.sum(tl.sum(sum_dy, axis=1), axis=0))
-    tl.store(partial_sum_dy_xmu + slot, tl.sum(tl.sum(sum_dy_xmu, axis=1), axis=0))
+    tl.store(partials + slot, tl.sum(tl.sum(sum_dy, axis=1), axis=0))
+    tl.store(partials + ROW_STRIDE + slot, tl.sum(tl.sum(sum_dy_xmu, axis=1), axis=0))
 
 
 @triton.jit
 def batch_norm2d_train_backward_dx(
-    dy, x, dx, weight, mean, rstd, partial_sum_dy, partial_sum_dy_xmu, dweight, dbias,
-    B, C, HW, NUM_PARTIALS, TILES_PER_CHUNK,
+    dy, x, dx, weight, mean, rstd, partials, dweight, dbias,
+    B, C, HW, NUM_PARTIALS, TILES_PER_CHUNK, ROW_STRIDE,
     BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_PARTIALS: tl.constexpr,
 ):
     """Training backward, second pass: sum the partials in a fixed order, then write dx.
 
-    Grid: [C, chunks]. Every program of channel c sums its NUM_PARTIALS partials the same way;
+    Grid: [C, chunks]. Every program of channel c sums its NUM_PARTIALS partials (rows sum_dy and
+    sum_dy_xmu of `partials`, ROW_STRIDE apart, as batch_norm2d_partial_grad_sums wrote them) the same way;
     program (c, 0) writes dbias[c] = sum_dy and dweight[c] = rstd * sum_dy_xmu. On its tiles:
         dx = weight*rstd*(dy - sum_dy/M) - (x - mean) * weight*rstd^3 * sum_dy_xmu/M,  M = B*HW.
     Every dx is written. Chunks and tiles in the reverse of the sums pass's order, as in
@@ -346,8 +365,9 @@ def batch_norm2d_train_backward_dx(
     chunk = reversed_chunk()
     k = tl.arange(0, BLOCK_PARTIALS)
     in_partials = k < NUM_PARTIALS
-    sum_dy = tl.sum(tl.load(partial_sum_dy + c * NUM_PARTIALS + k, mask=in_partials, other=0.0), axis=0)
-    sum_dy_xmu = tl.sum(tl.load(partial_sum_dy_xmu + c * NUM_PARTIALS + k, mask=in_partials, other=0.0), axis=0)
+    at = partials + c * NUM_PARTIALS + k
+    sum_dy = tl.sum(tl.load(at, mask=in_partials, other=0.0), axis=0)
+    sum_dy_xmu = tl.sum(tl.load(at + ROW_STRIDE, mask=in_partials, other=0.0), axis=0)
     channel_mean = tl.load(mean + c)
     channel_rstd = tl.load(rstd + c)
     if chunk == 0:
@@ -409,35 +429,14 @@ def batch_norm2d_train_backward_fused(
     tl.store(dx + offsets, dxv.to(dx.dtype.element_ty), mask=inside)
 
 
-@triton.jit
-def batch_norm2d_update_running_stats(
-    running_mean, running_var, mean, var_unbiased, C, momentum, BLOCK_C: tl.constexpr,
-):
-    """Running-statistics update, in place, as PyTorch does it.
-
-    Grid: [cdiv(C, BLOCK_C)]. For its BLOCK_C channels one program writes
-        running_mean = (1 - momentum) * running_mean + momentum * mean
-        running_var  = (1 - momentum) * running_var  + momentum * var_unbiased.
-    """
-    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    inside = c < C
-    old_mean = tl.load(running_mean + c, mask=inside)
-    old_var = tl.load(running_var + c, mask=inside)
-    new_mean = (1.0 - momentum) * old_mean + momentum * tl.load(mean + c, mask=inside)
-    new_var = (1.0 - momentum) * old_var + momentum * tl.load(var_unbiased + c, mask=inside)
-    tl.store(running_mean + c, new_mean, mask=inside)
-    tl.store(running_var + c, new_var, mask=inside)
-
-
 _STATS = {n: F32 for n in ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias", "running_mean",
-                           "running_var", "new_running_mean", "new_running_var", "partial_count", "partial_mean",
-                           "partial_m2", "partial_sum_dy", "partial_sum_dy_xmu")}
+                           "running_var", "new_running_mean", "new_running_var", "partials")}
 
 BatchNorm2dPartialStats = kernel_object(
-    batch_norm2d_partial_stats, entry=partial_stats_entry, example=(8, 256), pointer_dtypes=_STATS)
+    batch_norm2d_partial_stats, entry=partials_entry(3), example=(8, 256), pointer_dtypes=_STATS)
 BatchNorm2dTrainNormalize = kernel_object(
-    batch_norm2d_train_normalize, entry=normalize_entry, example=(8, 256, 64), floats=("eps",),
-    pointer_dtypes=_STATS, helpers=(reversed_chunk,))
+    batch_norm2d_train_normalize, entry=second_pass_entry(3), example=(8, 256, 64, True), floats=("eps", "momentum"),
+    pointer_dtypes=_STATS, helpers=(reversed_chunk,), flags=("UPDATE_RUNNING",))
 # Fused kernels: by default 8 warps hold a FUSED_TILE-element tile at 32 elements per thread; the functional
 # op launches them with the channels per program and num_warps that tuning picks.
 FUSED_HELPERS = (channel_group_tile, channel_sums, per_column)
@@ -445,13 +444,10 @@ BatchNorm2dTrainForwardFused = kernel_object(
     batch_norm2d_train_forward_fused, entry=fused_entry, example=(4, 32, 256, 4, True), floats=("eps", "momentum"),
     pointer_dtypes=_STATS, num_warps=8, helpers=FUSED_HELPERS, flags=("UPDATE_RUNNING",))
 BatchNorm2dPartialGradSums = kernel_object(
-    batch_norm2d_partial_grad_sums, entry=partial_stats_entry, example=(8, 256), pointer_dtypes=_STATS)
+    batch_norm2d_partial_grad_sums, entry=partials_entry(2), example=(8, 256), pointer_dtypes=_STATS)
 BatchNorm2dTrainBackwardDx = kernel_object(
-    batch_norm2d_train_backward_dx, entry=normalize_entry, example=(8, 256, 64), pointer_dtypes=_STATS,
+    batch_norm2d_train_backward_dx, entry=second_pass_entry(2), example=(8, 256, 64), pointer_dtypes=_STATS,
     helpers=(reversed_chunk,))
 BatchNorm2dTrainBackwardFused = kernel_object(
     batch_norm2d_train_backward_fused, entry=fused_entry, example=(4, 32, 256, 4), pointer_dtypes=_STATS,
     num_warps=8, helpers=FUSED_HELPERS)
-BatchNorm2dUpdateRunningStats = kernel_object(
-    batch_norm2d_update_running_stats, entry=update_running_stats_entry, example=(1024,), floats=("momentum",),
-    pointer_dtypes=_STATS)
