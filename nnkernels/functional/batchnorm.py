@@ -29,8 +29,8 @@ from .. import machine
 from .batchnorm_algorithms import (F32, BatchNormProblem, eval_backward_kernels, eval_backward_runner,
                                    eval_forward_kernels, eval_forward_runner, train_backward_kernels,
                                    train_backward_runner, train_forward_kernels, train_forward_runner)
-from .common import (ALIGNMENT, FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, elsewhere, operator,
-                     record, register_autograd, register_fake, register_kernels)
+from .common import (ALIGNMENT, FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, direct_apply, elsewhere,
+                     operator, record, register_autograd, register_fake, register_kernels)
 from .double_backward import batch_norm_eval_grads, batch_norm_train_grads
 from .. import tuning
 
@@ -264,6 +264,9 @@ class _Eval(torch.autograd.Function):
         return dx, *_param_grads(ctx.param_dtypes, dweight, dbias), None, None, None
 
 
+_train, _eval = direct_apply(_Train), direct_apply(_Eval)
+
+
 def _empty_batch(x, weight, bias):
     """An empty batch, as torch treats it: an empty result, zero parameter gradients, no statistics."""
     scale = (1,) * (x.dim() - 2)
@@ -294,8 +297,8 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
         return _empty_batch(x, weight, bias)
     if training:
         running = None if running_mean is None else (running_mean, running_var)
-        return _Train.apply(x, weight, bias, plan, running, momentum, eps)
-    return _Eval.apply(x, weight, bias, plan, (running_mean, running_var), eps)
+        return _train(x, weight, bias, plan, running, momentum, eps)
+    return _eval(x, weight, bias, plan, (running_mean, running_var), eps)
 
 
 def _traced(x, running_mean, running_var, weight, bias, training, momentum, eps):

@@ -130,6 +130,22 @@ def aligned(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.data_ptr() % ALIGNMENT == 0 else tensor.clone()
 
 
+def direct_apply(function: type[torch.autograd.Function]):
+    """`function.apply` without torch's Python wrapper, which costs ~5 µs a call: outside functorch transforms
+    that wrapper only unwraps dead functorch wrappers (done here, on the tensor arguments) before the C apply;
+    under a transform (vmap, grad) the call takes the wrapper."""
+    c_apply = super(torch.autograd.Function, function).apply
+    transforms_active, unwrap, tensor = torch._C._are_functorch_transforms_active, torch._C._functorch.unwrap_if_dead, \
+        torch.Tensor
+
+    def apply(*args):
+        if transforms_active():
+            return function.apply(*args)
+        return c_apply(*[unwrap(arg) if isinstance(arg, tensor) else arg for arg in args])
+
+    return apply
+
+
 class PlanCache:
     """signature -> plan. `get(signature)` answers in one dict lookup; `build(signature, make)` runs `make()` once
     per signature (under one lock for all ops) and keeps its plan unless `make` raises."""

@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from .. import machine
-from .common import (FLOAT_DTYPES, OPS, ArgumentError, PlanCache, building, elsewhere, operator, record,
-                     register_autograd, register_fake, register_kernels)
+from .common import (FLOAT_DTYPES, OPS, ArgumentError, PlanCache, building, direct_apply, elsewhere, operator,
+                     record, register_autograd, register_fake, register_kernels)
 from .conv_algorithms import dw_pass, dx_pass, forward_pass
 from .double_backward import conv2d_grads
 from .conv_problem import Problem, output_size, tf32_products
@@ -372,6 +372,9 @@ class _Conv2d(torch.autograd.Function):
         return (dx.squeeze(0) if plan.unbatched and dx is not None else dx), dw, dbias, None
 
 
+_conv2d = direct_apply(_Conv2d)
+
+
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv2d on nnkernels' kernels (fp32, fp16, bf16; 3-D or 4-D input; autograd; autocast)."""
     stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
@@ -386,7 +389,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     plan = _plan(input, weight, bias, stride, padding, dilation, groups)
     if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
-        return _Conv2d.apply(input, weight, bias, plan)
+        return _conv2d(input, weight, bias, plan)
     y = plan.forward(*plan.prepare(input, weight, bias))
     return y.squeeze(0) if plan.unbatched else y
 

@@ -16,8 +16,8 @@ from torch._prims_common import suggest_memory_format
 from .. import tuning
 from .. import machine
 from ..ops.avg_pool2d.gather import pooled_size
-from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, elsewhere, operator, record,
-                     register_autograd, register_fake, register_kernels)
+from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, direct_apply, elsewhere, operator,
+                     record, register_autograd, register_fake, register_kernels)
 from .double_backward import avg_pool2d_dx
 from .pooling_algorithms import PoolingPass
 
@@ -166,6 +166,9 @@ class _AvgPool2d(torch.autograd.Function):
         return _laid_out(plan, plan.run("backward", _ready(dy))), None
 
 
+_avg_pool2d = direct_apply(_AvgPool2d)
+
+
 def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     """`torch.nn.functional.avg_pool2d` with the same arguments and results, on nnkernels' kernels.
@@ -188,7 +191,7 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
         plan = _plan(batched.shape, batched.stride(), batched.dtype, batched.device, kernel, strides, pads, ceil_mode,
                      count_include_pad, divisor_override or 0, batched)
         if torch.is_grad_enabled() and batched.requires_grad:
-            y = _AvgPool2d.apply(batched, plan)
+            y = _avg_pool2d(batched, plan)
         else:
             y = _laid_out(plan, plan.run("forward", _ready(batched)))
     return y.squeeze(0) if unbatched else y
