@@ -39,13 +39,19 @@ def test_pointwise_forward_and_dx_over_ragged_tiles(dtype, tiling):
     tiles = TILINGS[tiling]
 
     y = poisoned(B, C_OUT, H, W, dtype=dtype)
-    Conv2dPointwise(has_bias=True, tf32=False, **tiles, dtype=dtype).launch(x, w, b, y, B, C_IN, C_OUT, H * W)
+    Conv2dPointwise(has_bias=True, tf32=False, w_transposed=False, **tiles, dtype=dtype).launch(
+        x, w, b, y, B, C_IN, C_OUT, H * W)
     assert_close(y, y64, dtype)
 
-    dx = poisoned(B, C_IN, H, W, dtype=dtype)
-    w_t = w.reshape(C_OUT, C_IN).t().contiguous()
-    Conv2dPointwise(has_bias=False, tf32=False, **tiles, dtype=dtype).launch(dy, w_t, dx, dx, B, C_OUT, C_IN, H * W)
+    # dx reads the forward's weight transposed; the same as a product with a transposed copy, bitwise
+    dx, dx_copied = poisoned(B, C_IN, H, W, dtype=dtype), poisoned(B, C_IN, H, W, dtype=dtype)
+    Conv2dPointwise(has_bias=False, tf32=False, w_transposed=True, **tiles, dtype=dtype).launch(
+        dy, w, dx, dx, B, C_OUT, C_IN, H * W)
     assert_close(dx, dx64, dtype)
+    w_t = w.reshape(C_OUT, C_IN).t().contiguous()
+    Conv2dPointwise(has_bias=False, tf32=False, w_transposed=False, **tiles, dtype=dtype).launch(
+        dy, w_t, dx_copied, dx_copied, B, C_OUT, C_IN, H * W)
+    assert torch.equal(dx, dx_copied)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -71,11 +77,10 @@ def test_pointwise_fp32_with_tf32_over_ragged_tiles(tiling):
     y64, dx64, _, _ = reference(x, w, b, dy)
     tiles = TILINGS[tiling]
     y = poisoned(B, C_OUT, H, W)
-    Conv2dPointwise(has_bias=True, tf32=True, **tiles).launch(x, w, b, y, B, C_IN, C_OUT, H * W)
+    Conv2dPointwise(has_bias=True, tf32=True, w_transposed=False, **tiles).launch(x, w, b, y, B, C_IN, C_OUT, H * W)
     assert_close(y, y64, tol=CONV_TF32_TOLERANCE)
     dx = poisoned(B, C_IN, H, W)
-    w_t = w.reshape(C_OUT, C_IN).t().contiguous()
-    Conv2dPointwise(has_bias=False, tf32=True, **tiles).launch(dy, w_t, dx, dx, B, C_OUT, C_IN, H * W)
+    Conv2dPointwise(has_bias=False, tf32=True, w_transposed=True, **tiles).launch(dy, w, dx, dx, B, C_OUT, C_IN, H * W)
     assert_close(dx, dx64, tol=CONV_TF32_TOLERANCE)
 
 
@@ -89,7 +94,7 @@ def test_pointwise_tf32_rounds_x_to_nearest(tiling):
                      device=DEVICE).reshape(1, 1, 1, 7)
     w = torch.full((1, 1), 1 + step, device=DEVICE)
     y = poisoned(1, 1, 1, 7)
-    Conv2dPointwise(False, True, **TILINGS[tiling]).launch(x, w, y, y, 1, 1, 1, 7)
+    Conv2dPointwise(False, True, False, **TILINGS[tiling]).launch(x, w, y, y, 1, 1, 1, 7)
     rounded_x = torch.tensor([1 + step, -(1 + step), 1 + step, 1.0, INF, -INF, NAN])
     expected = (rounded_x * (1 + step)).reshape(1, 1, 1, 7)
     assert torch.equal(y.cpu().isnan(), expected.isnan())
@@ -100,7 +105,7 @@ def test_pointwise_whole_k_refuses_a_longer_reduction():
     """With m_tiles the reduction must fit the one x tile: 40 channels into 32 refused, nothing written."""
     x, w, y = randn(1, 40, 2, 2), randn(8, 40), poisoned(1, 8, 2, 2)
     with pytest.raises(ValueError, match="C_IN: expected at most block_k = 32"):
-        Conv2dPointwise(False, False, 16, 16, 32, 1).launch(x, w, y, y, 1, 40, 8, 4)
+        Conv2dPointwise(False, False, False, 16, 16, 32, 1).launch(x, w, y, y, 1, 40, 8, 4)
     assert torch.isnan(y).all()
 
 

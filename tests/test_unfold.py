@@ -97,9 +97,10 @@ def test_dx_columns_stay_in_fp32(dtype):
     """`Conv2dPointwiseFp32Out` keeps w @ x[b] in fp32 for 16-bit inputs: within fp32 sums' error of
     the exact product, far below a 16-bit rounding."""
     x, w = randn(2, 20, 37, dtype=dtype), randn(30, 20, dtype=dtype)
-    y = poisoned(2, 30, 37)
-    Conv2dPointwiseFp32Out(True, 16, 16, 16, 0, dtype=dtype).launch(x, w, y, 2, 20, 30, 37)
-    assert_close(y, w.double().cpu() @ x.double().cpu(), tol=1e-6)
+    for w_transposed, weight in ((False, w), (True, w.t().contiguous())):  # dx reads the forward's w^T
+        y = poisoned(2, 30, 37)
+        Conv2dPointwiseFp32Out(True, w_transposed, 16, 16, 16, 0, dtype=dtype).launch(x, weight, y, 2, 20, 30, 37)
+        assert_close(y, w.double().cpu() @ x.double().cpu(), tol=1e-6)
 
 
 # (B, C_IN, C_OUT, H, W, (KH, KW), stride, padding, dilation, bias)

@@ -83,10 +83,11 @@ def pointwise_dw_candidates(c_out: int, c_in: int, pixels: int, batch: int, dtyp
     return list(dict.fromkeys(configs))
 
 
-def product_kernel(p, config, has_bias, *, cls=Conv2dPointwise):
-    """A 1x1 product kernel of problem p with `config` (also the unfolded dx's, `cls` Conv2dPointwiseFp32Out)."""
-    constants = ((has_bias,) if cls is Conv2dPointwise else ()) + (p.tf32, config.block_m, config.block_n,
-                                                                    config.block_k, config.m_tiles)
+def product_kernel(p, config, has_bias, *, w_transposed=False, cls=Conv2dPointwise):
+    """A 1x1 product kernel of problem p with `config` (also the unfolded dx's, `cls` Conv2dPointwiseFp32Out);
+    `w_transposed`: it reads the forward's own weight as its transpose (dx)."""
+    constants = ((has_bias,) if cls is Conv2dPointwise else ()) + (p.tf32, w_transposed, config.block_m,
+                                                                    config.block_n, config.block_k, config.m_tiles)
     return make_kernel(cls, constants, p, config)
 
 
@@ -124,7 +125,8 @@ class PointwiseForward(_Pointwise):
 
 
 class PointwiseDx(_Pointwise):
-    """dx = w^T @ dy per image, into dx (or, strided, onto the stride lattice, then spread)."""
+    """dx = w^T @ dy per image (the kernel reading w transposed), into dx (or, strided, onto the stride lattice,
+    then spread)."""
 
     name = "pointwise_dx"
 
@@ -133,19 +135,17 @@ class PointwiseDx(_Pointwise):
 
     def kernels(self, p, config):
         spread = subsample_adjoint_kernels(p.x_shape, p.stride, p.dtype) if p.subsampled else []
-        return [product_kernel(p, config, False)] + spread
+        return [product_kernel(p, config, False, w_transposed=True)] + spread
 
     def runner(self, p, config):
         new = allocator(p.dtype, p.device)
         launch = Launcher(self.kernels(p, config)[0])
         written_shape, sizes = (p.B, p.C_IN, p.OH, p.OW), (p.B, p.C_OUT, p.C_IN, p.OH * p.OW)
         spread = subsample_adjoint(written_shape, p.x_shape, p.stride, p.dtype, p.device) if p.subsampled else None
-        c_out, c_in = p.C_OUT, p.C_IN
 
         def run(dy, weight, dy_cl):
-            weight_t = weight.reshape(c_out, c_in).t().contiguous()  # [C_IN, C_OUT]: tiny
             written = new(*written_shape)
-            launch(dy, weight_t, written, written, *sizes)
+            launch(dy, weight, written, written, *sizes)
             return spread(written) if spread is not None else written
 
         return run

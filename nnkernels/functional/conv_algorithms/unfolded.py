@@ -60,7 +60,7 @@ class UnfoldedDx(Algorithm):
         return pointwise_candidates(p.unfolded_rows, p.C_OUT, p.OH * p.OW, p.dtype, p.tf32, p.machine)
 
     def kernels(self, p, config):
-        return [product_kernel(p, config, False, cls=Conv2dPointwiseFp32Out),
+        return [product_kernel(p, config, False, w_transposed=True, cls=Conv2dPointwiseFp32Out),
                 fold_kernel(p.geometry, p.H, p.W, p.dtype)]
 
     def runner(self, p, config):
@@ -74,11 +74,10 @@ class UnfoldedDx(Algorithm):
         shape, new, new_f32 = p.x_shape, allocator(p.dtype, device), allocator(torch.float32, device)
 
         def run(dy, weight, dy_cl):
-            weight_t = weight.reshape(c_out, rows).t().contiguous()  # [C_IN*KH*KW, C_OUT]: tiny
             dx = new(*shape)
             for first, end, launch, fold in parts:
                 columns = new_f32(end - first, rows, *out_size)
-                launch(dy[first:end], weight_t, columns, end - first, c_out, rows, pixels)
+                launch(dy[first:end], weight, columns, end - first, c_out, rows, pixels)
                 fold(columns, dx[first:end])
             return dx
 

@@ -47,9 +47,20 @@ def image_pixel_tile(HW, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def weight_offsets(c_out, k, C_IN, C_OUT, W_TRANSPOSED: tl.constexpr):
+    """(offsets of w[c_out, k] broadcast over the shapes of c_out and k, the offset of one step of k): w is
+    [C_OUT, C_IN] row-major, or with W_TRANSPOSED its transpose stored [C_IN, C_OUT] row-major (the forward's
+    own weight, read by dx without a transposed copy)."""
+    if W_TRANSPOSED:
+        return c_out.to(tl.int64) + k.to(tl.int64) * C_OUT, C_OUT
+    return c_out.to(tl.int64) * C_IN + k, 1
+
+
+@triton.jit
 def pointwise_product(
     x, w, bias, y, B, C_IN, C_OUT, HW,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    W_TRANSPOSED: tl.constexpr,
 ):
     """The body of `conv2d_pointwise` with M_TILES = 0 (see there), y stored in its own element type."""
     b, pixel, pixel_ok = image_pixel_tile(HW, BLOCK_N)
@@ -57,7 +68,8 @@ def pointwise_product(
     c_out_ok = c_out < C_OUT
     k = tl.arange(0, BLOCK_K)
     x_tile_ptr = x + b.to(tl.int64) * C_IN * HW + k[:, None].to(tl.int64) * HW + pixel[None, :]
-    w_tile_ptr = w + c_out[:, None].to(tl.int64) * C_IN + k[None, :]
+    w_offsets, k_step = weight_offsets(c_out[:, None], k[None, :], C_IN, C_OUT, W_TRANSPOSED)
+    w_tile_ptr = w + w_offsets
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k_first in range(0, C_IN, BLOCK_K):
         k_ok = (k_first + k) < C_IN
@@ -65,7 +77,7 @@ def pointwise_product(
         w_tile = tl.load(w_tile_ptr, mask=c_out_ok[:, None] & k_ok[None, :], other=0.0)
         acc = tl.dot(w_tile, x_tile, acc, input_precision="ieee")
         x_tile_ptr += BLOCK_K * HW
-        w_tile_ptr += BLOCK_K
+        w_tile_ptr += BLOCK_K * k_step
     if HAS_BIAS:
         acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[:, None]
     y_tile_ptr = y + (b.to(tl.int64) * C_OUT + c_out[:, None]) * HW + pixel[None, :]
@@ -76,7 +88,7 @@ def pointwise_product(
 def pointwise_whole_k_product(
     x, w, bias, y, B, C_IN, C_OUT, HW,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    M_TILES: tl.constexpr,
+    M_TILES: tl.constexpr, W_TRANSPOSED: tl.constexpr,
 ):
     """The body of `conv2d_pointwise` with M_TILES > 0 (C_IN <= BLOCK_K): the x tile, the whole reduction,
     is loaded once and serves M_TILES channel tiles in turn."""
@@ -89,8 +101,8 @@ def pointwise_whole_k_product(
     for m_first in range(m_begin, tl.minimum(m_begin + BLOCK_M * M_TILES, C_OUT), BLOCK_M):
         c_out = m_first + tl.arange(0, BLOCK_M)
         c_out_ok = c_out < C_OUT
-        w_tile = tl.load(w + c_out[:, None].to(tl.int64) * C_IN + k[None, :], mask=c_out_ok[:, None] & k_ok[None, :],
-                         other=0.0)
+        w_offsets, _ = weight_offsets(c_out[:, None], k[None, :], C_IN, C_OUT, W_TRANSPOSED)
+        w_tile = tl.load(w + w_offsets, mask=c_out_ok[:, None] & k_ok[None, :], other=0.0)
         acc = tl.dot(w_tile, x_tile, input_precision="ieee")
         if HAS_BIAS:
             acc += tl.load(bias + c_out, mask=c_out_ok, other=0.0).to(tl.float32)[:, None]
@@ -102,7 +114,7 @@ def pointwise_whole_k_product(
 def pointwise_tf32_product(
     x, w, bias, y, B, C_IN, C_OUT, HW,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    M_TILES: tl.constexpr,
+    M_TILES: tl.constexpr, W_TRANSPOSED: tl.constexpr,
 ):
     """The body of `conv2d_pointwise` for fp32 x with TF32, in either tiling: the same sums transposed,
     y[b]^T = x[b]^T @ w^T, so that the x tile ([BLOCK_N pixels, BLOCK_K], pixels contiguous), rounded by
@@ -122,14 +134,15 @@ def pointwise_tf32_product(
     for m_first in range(m_begin, m_end, BLOCK_M):
         c_out = m_first + tl.arange(0, BLOCK_M)
         c_out_ok = c_out < C_OUT
-        w_tile_ptr = w + c_out[None, :].to(tl.int64) * C_IN + k[:, None]
+        w_offsets, k_step = weight_offsets(c_out[None, :], k[:, None], C_IN, C_OUT, W_TRANSPOSED)
+        w_tile_ptr = w + w_offsets
         if M_TILES == 0:
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for k_first in range(0, C_IN, BLOCK_K):
                 k_ok = (k_first + k) < C_IN
                 x_slice = tf32_rounded(tl.load(x_tile_ptr + k_first * HW, mask=pixel_ok[:, None] & k_ok[None, :],
                                                other=0.0))
-                w_tile = tl.load(w_tile_ptr + k_first, mask=k_ok[:, None] & c_out_ok[None, :], other=0.0)
+                w_tile = tl.load(w_tile_ptr + k_first * k_step, mask=k_ok[:, None] & c_out_ok[None, :], other=0.0)
                 acc = tl.dot(x_slice, w_tile, acc, input_precision="tf32")
         else:
             w_tile = tl.load(w_tile_ptr, mask=(k < C_IN)[:, None] & c_out_ok[None, :], other=0.0)
@@ -143,7 +156,7 @@ def pointwise_tf32_product(
 @triton.jit
 def conv2d_pointwise(
     x, w, bias, y, B, C_IN, C_OUT, HW,
-    HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TF32: tl.constexpr, W_TRANSPOSED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M_TILES: tl.constexpr,
 ):
     """1x1 convolution, stride 1, no padding, one group: y[b] = w @ x[b] (+ bias).
@@ -160,49 +173,55 @@ def conv2d_pointwise(
     rounded to nearest, w truncated), fp32 otherwise in FMA products, not `conv_dot`'s
     tf32x3 (on the H200, B32 256->64 @56 took 99 µs with FMA products and 180 µs with tf32x3; 64->256,
     107 and 142). Every element of y is written; bias is read only when HAS_BIAS.
-    Called with w transposed ([C_IN, C_OUT] of the forward) and dy for x, it computes dx.
+    With W_TRANSPOSED, w[c_out, c_in] is read at w + c_in * C_OUT + c_out: called so with the forward's own
+    weight ([C_OUT, C_IN] of the forward) and dy for x, it computes dx.
     """
     if TF32 and x.dtype.element_ty == tl.float32:
-        pointwise_tf32_product(x, w, bias, y, B, C_IN, C_OUT, HW, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, M_TILES)
+        pointwise_tf32_product(x, w, bias, y, B, C_IN, C_OUT, HW, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, M_TILES,
+                               W_TRANSPOSED)
     elif M_TILES == 0:
-        pointwise_product(x, w, bias, y, B, C_IN, C_OUT, HW, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
+        pointwise_product(x, w, bias, y, B, C_IN, C_OUT, HW, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, W_TRANSPOSED)
     else:
-        pointwise_whole_k_product(x, w, bias, y, B, C_IN, C_OUT, HW, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, M_TILES)
+        pointwise_whole_k_product(x, w, bias, y, B, C_IN, C_OUT, HW, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, M_TILES,
+                                  W_TRANSPOSED)
 
 
 @triton.jit
 def conv2d_pointwise_fp32_out(
     x, w, y, B, C_IN, C_OUT, HW,
-    TF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M_TILES: tl.constexpr,
+    TF32: tl.constexpr, W_TRANSPOSED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M_TILES: tl.constexpr,
 ):
     """`conv2d_pointwise` without bias, y in fp32 whatever x's type: y[b] = w @ x[b], not rounded to x's type.
 
     Grid, programs and products as conv2d_pointwise's. nnkernels.conv2d's dx of a convolution with few
-    input channels runs it on dy with w^T ([C_IN*KH*KW, C_OUT]) for the columns that `Fold2d` sums, so
+    input channels runs it on dy with the weight as [C_OUT, C_IN*KH*KW], W_TRANSPOSED, for the columns that
+    `Fold2d` sums, so
     that dx is rounded once (the stem, 64 -> 147 rows @112, B32: 131.2 -> 83.3 µs in bf16 at M_TILES = 3).
     """
-    conv2d_pointwise(x, w, y, y, B, C_IN, C_OUT, HW, False, TF32, BLOCK_M, BLOCK_N, BLOCK_K, M_TILES)
+    conv2d_pointwise(x, w, y, y, B, C_IN, C_OUT, HW, False, TF32, W_TRANSPOSED, BLOCK_M, BLOCK_N, BLOCK_K, M_TILES)
 
 
 Conv2dPointwise = kernel_object(
     conv2d_pointwise,
-    helpers=(image_pixel_tile, pointwise_product, pointwise_whole_k_product, pointwise_tf32_product, tf32_rounded),
-    example=(False, True, 64, 128, 32, 0),
+    helpers=(image_pixel_tile, weight_offsets, pointwise_product, pointwise_whole_k_product, pointwise_tf32_product,
+             tf32_rounded),
+    example=(False, True, False, 64, 128, 32, 0),
     entry=conv2d_pointwise_entry,
     nonnegative=("M_TILES",),
-    flags=("HAS_BIAS", "TF32"),
+    flags=("HAS_BIAS", "TF32", "W_TRANSPOSED"),
     num_warps=4,
     num_stages=3,
 )
 Conv2dPointwiseFp32Out = kernel_object(
     conv2d_pointwise_fp32_out,
-    helpers=(conv2d_pointwise, image_pixel_tile, pointwise_product, pointwise_whole_k_product, pointwise_tf32_product,
-             tf32_rounded),
-    example=(True, 64, 128, 64, 3),
+    helpers=(conv2d_pointwise, image_pixel_tile, weight_offsets, pointwise_product, pointwise_whole_k_product,
+             pointwise_tf32_product, tf32_rounded),
+    example=(True, True, 64, 128, 64, 3),
     entry=conv2d_pointwise_fp32_out_entry,
     nonnegative=("M_TILES",),
     pointer_dtypes={"y": torch.float32},
-    flags=("TF32",),
+    flags=("TF32", "W_TRANSPOSED"),
     num_warps=4,
     num_stages=3,
 )
