@@ -4,10 +4,11 @@ A call's signature (x's shape, strides, dtype and device; those of weight, bias 
 training) finds its `BatchNormPlan`, built (arguments checked) on the signature's first call. Each pass it runs
 (training forward and backward, evaluation forward and backward) chooses its config on its first call
 (`batchnorm_algorithms`, tuned on the GPU) and binds its kernels. The training forward updates the running
-statistics in place in the same launch where a channel fits one tile (a pass of its own after the split
-passes); while it is tuned, the updates go to scratch, so the statistics change once.
+statistics in place in the launch that writes y (the grouped kernel, or the split's second pass); while it is
+tuned, the updates go to scratch, so the statistics change once.
 
-Eagerly, autograd goes through `torch.autograd.Function`s around the plan. Under `torch.compile` the plans run
+Eagerly, autograd goes through `torch.autograd.Function`s around the plan, applied without torch's Python
+wrapper (`direct_apply`). Under `torch.compile` the plans run
 inside custom operators with fake implementations:
 - `nnkernels::batch_norm_train(x, weight, bias, eps) -> (y, mean, rstd, var_unbiased)`, with autograd through
   `nnkernels::batch_norm_train_backward`;
