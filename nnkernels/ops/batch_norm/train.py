@@ -4,7 +4,8 @@ x is viewed as [B, C, HW]. A channel's B*HW elements are cut into tiles of BLOCK
 by BLOCK_HW contiguous positions, numbered t = b_tile * cdiv(HW, BLOCK_HW) + hw_tile; program
 (c, chunk) of a split kernel owns tiles [chunk*TILES_PER_CHUNK, (chunk+1)*TILES_PER_CHUNK), so
 channels few against a large batch still fill the GPU. Per-chunk partials (fp32, [C, chunks] each, the
-rows of one `partials` buffer ROW_STRIDE apart) are combined by every consumer in one fixed order, so results are bitwise reproducible.
+rows of one `partials` buffer ROW_STRIDE apart) are combined by every consumer in one fixed order, so
+results are bitwise reproducible.
 A channel that fits one tile takes the fused kernels (one pass): program p owns CHANNELS consecutive
 channels c0 = p*CHANNELS.., whose HW positions are, in every image b, one contiguous run of
 CHANNELS*HW elements; the tile is [BLOCK_B images, BLOCK_J >= CHANNELS*HW columns] with column
@@ -83,7 +84,8 @@ def second_pass_entry(rows):
                                   "running_mean", "running_var"), a.C)
         check_partials(a, rows, a.C * a.NUM_PARTIALS)
         if a.NUM_PARTIALS > k.block_partials:
-            raise ValueError(f"NUM_PARTIALS: expected at most block_partials = {k.block_partials}, got {a.NUM_PARTIALS}")
+            raise ValueError(f"NUM_PARTIALS: expected at most block_partials = {k.block_partials}, "
+                             f"got {a.NUM_PARTIALS}")
         if hasattr(a, "eps") and not a.eps >= 0:
             raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
         return (a.C, split_chunks(k, a))
