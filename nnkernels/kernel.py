@@ -48,6 +48,16 @@ _FIRST_LAUNCH = threading.RLock()
 # (kernel hash, device index, specialization) of every kernel that has run once -> the compiled kernel
 # its later launches run directly (None where this Triton's compiled kernel does not offer that).
 _LAUNCHED: dict = {}
+# Set in processes that only fill Triton's disk cache for another (`parallel_compile`'s workers): a first launch
+# compiles its kernel and runs nothing, so they leave the GPU to the process that times and trains.
+_COMPILE_ONLY = False
+
+
+def compile_only():
+    """From now on, this process's compiled launches compile their kernels and run nothing (their outputs stay
+    unwritten). For processes that compile for another; there is no way back."""
+    global _COMPILE_ONLY
+    _COMPILE_ONLY = True
 
 
 def _on_device(device: torch.device):
@@ -277,6 +287,11 @@ class KernelObject:
                 # interpreted launches go one at a time.
                 with _FIRST_LAUNCH:
                     cls._runner[grid](*args, **self.constants, num_warps=self.num_warps, num_stages=self.num_stages)
+                return grid, None
+            if _COMPILE_ONLY:
+                with _FIRST_LAUNCH:
+                    cls._runner.warmup(*args, grid=grid, **self.constants, num_warps=self.num_warps,
+                                       num_stages=self.num_stages)
                 return grid, None
             first = (self.hash, device.index, _specialization(self._arg_checks, args))
             if first in _LAUNCHED:

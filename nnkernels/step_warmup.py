@@ -4,9 +4,12 @@ Each nnkernels op builds a plan on the first call with a new signature (shapes, 
 that is where kernels compile and, on the GPU, configs are timed. `warmup` runs one forward (and backward) of a
 copy of the model on the example inputs, so every plan of a step exists before the first real one; the model
 itself is left untouched (no running statistics updated, no gradients). Run it under the same
-`torch.autocast` as the training step, so that it sees the same dtypes. With `jobs` > 1 (compiled GPUs only), the
-convolutions' kernels are first compiled in that many processes at once (`parallel_compile`), their shapes taken
-from a forward pass on the meta device; where that fails, warmup says so in one line and compiles as it runs.
+`torch.autocast` as the training step, so that it sees the same dtypes. On compiled GPUs the convolutions'
+kernels are compiled ahead in `jobs` background processes (`parallel_compile`; by default one per CPU, at most 8),
+their shapes taken from a forward pass on the meta device, the last convolution first, while the step runs from
+the first and loads what they have compiled; when the step is done they are stopped. Where they fail, warmup
+says so in one line and the step compiles what they did not. `jobs=1` compiles as the step runs, one kernel
+after another.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._aot import default_jobs
 from ._mode import INTERPRETED
 
 log = logging.getLogger("nnkernels")
@@ -59,40 +63,65 @@ def _conv_dtype(model, inputs) -> torch.dtype:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
-def compile_convs_in_parallel(model, inputs, jobs: int) -> int:
-    """Compile the kernels of every convolution one forward + backward of `model` on `inputs` runs, in `jobs`
-    processes at once (`parallel_compile.precompile_convs`); the number of distinct convolutions, or 0 after one
-    warning line where it could not (warmup then compiles as it goes)."""
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
+
+
+def start_compiling_convs(model, inputs, jobs: int):
+    """Start compiling, in `jobs` background processes, the kernels of every convolution one forward + backward of
+    `model` on `inputs` runs, the last convolution first (the step starts at the first); the
+    `parallel_compile.Precompiling` handle, or None after one warning line where it could not start (warmup then
+    compiles as it goes)."""
     from .conv_calls import conv_shapes
-    from .parallel_compile import precompile_convs
+    from .parallel_compile import start_precompile
 
     try:
         shapes = conv_shapes(copy.deepcopy(model), inputs, training=model.training)
         device = next((str(t.device) for t in inputs if isinstance(t, torch.Tensor)), "cuda")
-        return precompile_convs(shapes, _conv_dtype(model, inputs), jobs, device)
-    except Exception as error:  # noqa: BLE001  (the serial warmup that follows compiles what this did not)
+        return start_precompile(reversed(list(shapes)), _conv_dtype(model, inputs), jobs, device)
+    except Exception as error:  # noqa: BLE001  (the step that follows compiles what this did not)
         log.warning("nnkernels.warmup: compiling in %d processes failed (%s: %s); compiling as the step runs",
-                    jobs, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
-        return 0
+                    jobs, type(error).__name__, _first_line(str(error)))
+        return None
+
+
+def _stop(compiling):
+    """End the background compilation; a worker's failure is one warning line (the step compiled it itself)."""
+    compiling.stop()
+    if compiling.failures:
+        log.warning("nnkernels.warmup: a process compiling ahead failed (%s); the step compiled its kernels itself",
+                    _first_line(compiling.failures[0]))
 
 
 def warmup(model: torch.nn.Module, example_inputs, *, backward: bool = True, progress: bool = True,
-           jobs: int = 1) -> WarmupSummary:
+           jobs: int | None = None) -> WarmupSummary:
     """Run one training step's forward (and, with `backward`, its backward) of a copy of `model` on
     `example_inputs` (a tensor or a tuple of positional arguments), with a progress bar over its nnkernels layers;
-    return a summary. `jobs` > 1: compile the convolutions' kernels in that many processes first (on compiled
-    GPUs; the interpreter has nothing to compile). A bad example input raises the error the model itself would
-    raise."""
+    return a summary. `jobs` > 1: meanwhile compile the convolutions' kernels in that many processes (on compiled
+    GPUs; the interpreter has nothing to compile); None: one per CPU, at most 8. A bad example input raises the
+    error the model itself would raise."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    if type(jobs) is not int or jobs < 1:
-        raise ValueError(f"jobs: expected an int >= 1, got {jobs!r}")
+    if jobs is not None and (type(jobs) is not int or jobs < 1):
+        raise ValueError(f"jobs: expected an int >= 1 or None, got {jobs!r}")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    if jobs > 1 and not INTERPRETED:
-        compile_convs_in_parallel(model, inputs, jobs)
+    if jobs is None:
+        jobs = default_jobs(8)
+    began = time.perf_counter()
+    compiling = start_compiling_convs(model, inputs, jobs) if jobs > 1 and not INTERPRETED else None
+    try:
+        layers, backward_ran = _run_twin(model, inputs, backward, progress)
+    finally:
+        if compiling is not None:
+            _stop(compiling)
+    return WarmupSummary(layers, time.perf_counter() - began, backward_ran)
+
+
+def _run_twin(model, inputs, backward, progress) -> tuple[int, bool]:
+    """One forward (and backward) of a copy of `model`, with the progress bar: (its nnkernels layers, whether the
+    backward ran)."""
     twin = copy.deepcopy(model).train(model.training)
     layers = _nnkernels_layers(twin)
-    began = time.perf_counter()
     bar, task, hooks = None, None, []
     if progress and layers:
         from rich.console import Console
@@ -119,4 +148,4 @@ def warmup(model: torch.nn.Module, example_inputs, *, backward: bool = True, pro
             hook.remove()
         if bar is not None:
             bar.stop()
-    return WarmupSummary(len(layers), time.perf_counter() - began, loss is not None)
+    return len(layers), loss is not None

@@ -51,7 +51,7 @@ def in_channels(model: torch.nn.Module) -> int:
     return first.in_channels
 
 
-def run(spec, batch_size=32, image_size=224, dtype="bf16", device="auto", channels_last=False, jobs=1):
+def run(spec, batch_size=32, image_size=224, dtype="bf16", device="auto", channels_last=False, jobs=None):
     """Build `spec`'s model, convert it, and warm up one training step on random images (with a progress bar;
     the convolutions compiled in `jobs` processes first); prints what `convert` swapped and warmup's summary, and
     returns that summary."""

@@ -248,5 +248,13 @@ def peek(kind: str, key, candidates: list, decode):
     """The choice `choose` would use now, without timing anything: the remembered one or the first guess."""
     if INTERPRETED or len(candidates) == 1 or mode() == "off":
         return candidates[0]
+    return remembered(kind, key, candidates, decode) or candidates[0]
+
+
+def remembered(kind: str, key, candidates: list, decode):
+    """The choice remembered for `kind` and `key` (this machine's cache, else the shipped table) where it is one of
+    `candidates`, else None; whatever the tuning mode (a process that compiles for another asks this)."""
+    if INTERPRETED:
+        return None
     chosen, _ = _remembered(kind, key, decode)
-    return chosen if chosen in candidates else candidates[0]
+    return chosen if chosen in candidates else None

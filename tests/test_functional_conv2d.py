@@ -239,6 +239,26 @@ def test_precompile_launches_the_kernels_the_op_picks(x_shape, w_shape, options,
     assert {k for k in launched if k.split("__")[0] not in copies} == {
         k for k in kernels_for(x_shape, w_shape, bias=bias, dtype=dtype, **options) if k.split("__")[0] not in copies}
 
+def test_precompile_launches_only_a_remembered_choice(gpu_lists, monkeypatch):
+    """Where tuning remembers a pass's choice (the cache or the shipped table), precompile launches that choice's
+    kernels only, not the candidates quick tuning would time."""
+    from nnkernels import launcher, tuning
+    from nnkernels.functional.conv import precompile
+    from nnkernels.functional.conv_algorithms import forward_pass
+    from nnkernels.functional.conv import _listed_problem
+
+    x, w = randn(2, 16, 6, 6), randn(16, 16, 3, 3)
+    p = _listed_problem(x.shape, w.shape, 1, 1, 1, 1, x.dtype, False)
+    forward = forward_pass(p)
+    second = forward.candidates()[1]  # not the first guess: only a remembered choice picks it
+    monkeypatch.setattr(tuning, "remembered",
+                        lambda kind, key, candidates, decode: second if kind == "conv2d_forward" else None)
+    launched = []
+    monkeypatch.setattr(launcher.Launcher, "__call__", lambda self, *args: launched.append(self.kernel.id))
+    precompile(x, w, padding=1, backward=False)
+    assert launched == [k.id for k in forward.kernels(second)]
+
+
 def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     """`choose` on a fake timer: the fastest config wins, lands in the JSON file, and is reused without
     listing the candidates again."""

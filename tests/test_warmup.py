@@ -5,7 +5,7 @@ import torch
 import nnkernels
 from nnkernels.step_warmup import warmup
 from nnkernels.functional import common
-from support import DEVICE, randn
+from support import DEVICE, gpu, randn
 
 
 def _model():
@@ -66,7 +66,7 @@ def test_warmup_compiles_as_it_runs_when_the_parallel_pass_fails(monkeypatch, ca
         raise RuntimeError("no workers here\nsecond line")
 
     monkeypatch.setattr(step_warmup, "INTERPRETED", False)
-    monkeypatch.setattr(parallel_compile, "precompile_convs", broken)
+    monkeypatch.setattr(parallel_compile, "start_precompile", broken)
     with caplog.at_level("WARNING", logger="nnkernels"):
         summary = warmup(_model(), randn(2, 3, 8, 8), progress=False, jobs=4)
     assert summary.layers == 3 and summary.backward
@@ -77,5 +77,79 @@ def test_warmup_compiles_as_it_runs_when_the_parallel_pass_fails(monkeypatch, ca
 
 @pytest.mark.parametrize("jobs", [0, 1.5, "2"])
 def test_warmup_refuses_a_bad_job_count(jobs):
-    with pytest.raises(ValueError, match="jobs: expected an int >= 1"):
+    with pytest.raises(ValueError, match="jobs: expected an int >= 1 or None"):
         warmup(_model(), randn(2, 3, 8, 8), progress=False, jobs=jobs)
+
+
+def test_precompile_workers_do_not_rerun_the_callers_script(tmp_path):
+    """Workers start with `-m`, so a training script without an `if __name__ == "__main__"` guard runs once, not
+    once more per worker (as multiprocessing's spawned children would run it)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "from nnkernels.conv_calls import ConvShape\n"
+        "from nnkernels.parallel_compile import precompile_convs\n"
+        "print('script body ran', flush=True)\n"
+        "shape = ConvShape((1, 4, 6, 6), (8, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, False)\n"
+        f"print('done', precompile_convs([shape], torch.float32, jobs=2, device={DEVICE!r}))\n")
+    finished = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert finished.stdout.splitlines() == ["script body ran", "done 1"]
+
+
+def test_a_failing_precompile_worker_names_the_shape():
+    from nnkernels.conv_calls import ConvShape
+    from nnkernels.parallel_compile import precompile_convs
+
+    bad = ConvShape((1, 4, 6, 6), (8, 5, 3, 3), (1, 1), (1, 1), (1, 1), 1, False)  # 5 weight channels for 4
+    with pytest.raises(RuntimeError, match=r"precompiling the convolution 3x3 4->8 6x6 p1 failed") as failed:
+        precompile_convs([bad], torch.float32, jobs=1, device=DEVICE)
+    assert "w: expected C_OUT*(C_IN/G)*KH*KW = 288 elements, got 360" in str(failed.value)
+
+
+def test_stopped_precompile_workers_end_at_once():
+    """`stop` kills the workers wherever they are (here still importing torch), and no shape counts as failed."""
+    import time
+
+    from nnkernels.conv_calls import ConvShape
+    from nnkernels.parallel_compile import start_precompile
+
+    shapes = [ConvShape((1, 4, 6, 6 + i), (8, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, False) for i in range(6)]
+    compiling = start_precompile(shapes, torch.float32, jobs=2, device=DEVICE)
+    began = time.perf_counter()
+    compiling.stop()
+    assert time.perf_counter() - began < 5
+    assert compiling.failures == [] and all(child.poll() is not None for child in compiling._children)
+
+
+def test_warmup_stops_its_compiling_processes_when_the_step_is_done(monkeypatch):
+    from nnkernels import parallel_compile, step_warmup
+
+    started, real_start = [], parallel_compile.start_precompile
+
+    def start(*args, **kwargs):
+        started.append(real_start(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(step_warmup, "INTERPRETED", False)
+    monkeypatch.setattr(parallel_compile, "start_precompile", start)
+    summary = warmup(_model(), randn(2, 3, 8, 8), progress=False, jobs=2)
+    assert summary.layers == 3 and summary.backward and len(started) == 1
+    assert [shape.x_shape for shape in started[0].shapes] == [(2, 3, 8, 8)]
+    assert all(child.poll() is not None for child in started[0]._children)
+
+
+@gpu
+def test_compile_only_launches_compile_and_write_nothing(monkeypatch, poisoned_outputs):
+    """`parallel_compile`'s workers only fill Triton's cache: a launch there leaves its output as it was."""
+    from nnkernels import kernel
+    from nnkernels.functional.layout import channels_last
+
+    x = randn(2, 16, 5, 7)
+    monkeypatch.setattr(kernel, "_COMPILE_ONLY", True)
+    assert torch.isnan(channels_last(x)).all()
+    monkeypatch.setattr(kernel, "_COMPILE_ONLY", False)
+    assert torch.equal(channels_last(x), x.permute(0, 2, 3, 1).contiguous())

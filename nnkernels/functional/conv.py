@@ -505,9 +505,10 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
 
 
 def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, full=False):
-    """Run once each, on scratch outputs, every choice `conv2d` could make for this call (those quick tuning times,
-    or all with `full`), timing and remembering nothing: Triton then has them all in its disk cache, so another
-    process (one that tunes, say) loads them instead of compiling."""
+    """Run once each, on scratch outputs, every choice `conv2d` could make for this call, timing and remembering
+    nothing: per pass the choice tuning remembers (this machine's cache or the shipped table) where there is one,
+    else those quick tuning times (all with `full`). Triton then has them all in its disk cache, so another
+    process (one that trains or tunes) loads them instead of compiling."""
     from .. import tuning
 
     p = _listed_problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype, bias)
@@ -515,17 +516,22 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     x, weight = x.contiguous(), weight.contiguous()
     bias_arg = torch.zeros(p.C_OUT, dtype=x.dtype, device=x.device) if bias else None
     count = None if full else tuning.QUICK_CANDIDATES
+
+    def choices(pass_):
+        known = None if full else pass_.remembered()
+        return [known] if known is not None else pass_.candidates()[:count]
+
     forward = forward_pass(p)
-    outputs = [forward.runner(choice)(x, weight, bias_arg) for choice in forward.candidates()[:count]]
+    outputs = [forward.runner(choice)(x, weight, bias_arg) for choice in choices(forward)]
     if not backward:
         return
     dy = outputs[0]  # the forward's output stands in for dy
     dx = dx_pass(p)
-    for choice in dx.candidates()[:count]:
+    for choice in choices(dx):
         run = dx.runner(choice)
         (_as_dx(run) if dx.problem is not p else run)(dy, weight, None)
     dw = dw_pass(p)
-    for choice in dw.candidates()[:count]:
+    for choice in choices(dw):
         dw.runner(choice)(dy, x, None)
 
 

@@ -40,6 +40,10 @@ class Pass:
         """The choice a call would make now, timing nothing."""
         return tuning.peek(self.kind, self.key, self.candidates(), decode_choice)
 
+    def remembered(self) -> Choice | None:
+        """The choice tuning remembers for this pass (cache or shipped table), or None."""
+        return tuning.remembered(self.kind, self.key, self.candidates(), decode_choice)
+
     def kernels(self, choice: Choice) -> list:
         return algorithm_named(choice.algorithm).kernels(self.problem, choice.config)
 
