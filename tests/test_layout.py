@@ -175,3 +175,38 @@ def test_impossible_grid_is_a_clear_error():
 def test_large_batches_on_the_gpu(shape, dtype):
     t = randn(*shape, dtype=dtype)
     assert_same(channels_last(t), reference(t))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", SHAPES + [(0, 4, 3, 3)], ids=lambda s: "x".join(map(str, s)))
+def test_the_ops_layout_changes_equal_torchs(shape, dtype, monkeypatch):
+    """`nchw` and `as_channels_last` (what the ops read channels-last inputs and write channels-last outputs
+    with) equal torch's `contiguous` in either direction bit for bit, through the tile transpose."""
+    from nnkernels.functional import layout
+    from nnkernels.launcher import Launcher
+
+    launched = []
+    call = Launcher.__call__
+    monkeypatch.setattr(Launcher, "__call__", lambda self, *args: launched.append(self.kernel.id) or call(self, *args))
+    t = randn(*shape, dtype=dtype)
+    cl = t.contiguous(memory_format=torch.channels_last)
+    back, forth = layout.nchw(cl), layout.as_channels_last(t)
+    assert back.is_contiguous() and torch.equal(back, t)
+    assert forth.is_contiguous(memory_format=torch.channels_last) and torch.equal(forth, t)
+    transposes = int(not cl.is_contiguous()) + int(not t.is_contiguous(memory_format=torch.channels_last))
+    assert len(launched) == (transposes if t.numel() else 0)
+    assert layout.nchw(t) is t and layout.as_channels_last(cl) is cl
+
+
+def test_the_ops_layout_changes_leave_other_tensors_to_torch():
+    """A view at an address the cached launches were not specialised for, and strides neither layout has, take
+    torch's own copy."""
+    from nnkernels.functional import layout
+
+    base = randn(2 * 3 * 5 * 7 + 1)
+    odd = base[1:].view(2, 5, 7, 3).permute(0, 3, 1, 2)  # channels-last strides, 4 bytes off 16-byte alignment
+    assert torch.equal(layout.nchw(odd), odd.contiguous()) and layout.nchw(odd).is_contiguous()
+    sliced = randn(2, 6, 5, 7)[:, ::2]
+    assert torch.equal(layout.nchw(sliced), sliced.contiguous())
+    assert torch.equal(layout.as_channels_last(sliced), sliced)
+    assert layout.as_channels_last(sliced).is_contiguous(memory_format=torch.channels_last)

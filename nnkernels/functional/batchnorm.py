@@ -33,6 +33,7 @@ from .batchnorm_algorithms import (F32, BatchNormProblem, eval_backward_kernels,
 from .common import (ALIGNMENT, FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, direct_apply, elsewhere,
                      operator, record, register_autograd, register_fake, register_kernels)
 from .double_backward import batch_norm_eval_grads, batch_norm_train_grads
+from .layout import as_channels_last, nchw
 from .. import tuning
 
 _PLANS = PlanCache()
@@ -186,13 +187,16 @@ def _plan(x, weight, bias, running_mean, running_var, training):
 
 
 def _ready(x):
-    return aligned(x if x.is_contiguous() else x.contiguous())
+    return aligned(nchw(x))
 
 
 def _laid_out(plan, t):
     """`t` in the layout torch gives for the plan's input. The kernels read and write NCHW only, so a
     channels-last input costs one copy in (`_ready`) and one copy out (here)."""
-    return t if plan.memory_format is None else t.contiguous(memory_format=plan.memory_format)
+    if plan.memory_format is None:
+        return t
+    return as_channels_last(t) if plan.memory_format == torch.channels_last else t.contiguous(
+        memory_format=plan.memory_format)
 
 
 def _eval_dx_laid_out(plan, dx):

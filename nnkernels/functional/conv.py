@@ -24,7 +24,7 @@ from .common import (FLOAT_DTYPES, OPS, ArgumentError, PlanCache, building, dire
 from .conv_algorithms import dw_pass, dx_pass, forward_pass
 from .double_backward import conv2d_grads
 from .conv_problem import Problem, output_size, tf32_products
-from .layout import channels_last_copy_kernels, channels_last_pair_copy, channels_last_pair_kernels
+from .layout import channels_last_copy_kernels, channels_last_pair_copy, channels_last_pair_kernels, nchw
 from .streams import side_by_side
 
 INT32_LIMIT = 2**31
@@ -119,8 +119,7 @@ def _check(x, weight, bias, stride, padding, dilation, groups):
 
 def _ready(tensor):
     """`tensor` as the kernels read it: contiguous, on a 16-byte aligned address (a copy where it is not)."""
-    if not tensor.is_contiguous():
-        tensor = tensor.contiguous()
+    tensor = nchw(tensor)
     return tensor if tensor.data_ptr() % 16 == 0 else tensor.clone()
 
 

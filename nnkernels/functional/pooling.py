@@ -19,6 +19,7 @@ from ..ops.avg_pool2d.gather import pooled_size
 from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, direct_apply, elsewhere, operator,
                      record, register_autograd, register_fake, register_kernels)
 from .double_backward import avg_pool2d_dx
+from .layout import as_channels_last, nchw
 from .pooling_algorithms import PoolingPass
 
 _PLANS = PlanCache()
@@ -123,13 +124,13 @@ class AvgPool2dPlan:
 
 
 def _ready(t):
-    return aligned(t if t.is_contiguous() else t.contiguous())
+    return aligned(nchw(t))
 
 
 def _laid_out(plan, t):
     """`t` in the layout torch gives for the plan's input. The kernels read and write NCHW only, so a
     channels-last input costs one copy in (`_ready`) and one copy out (here)."""
-    return t.contiguous(memory_format=torch.channels_last) if plan.channels_last else t
+    return as_channels_last(t) if plan.channels_last else t
 
 
 def _suggests_channels_last(x):
