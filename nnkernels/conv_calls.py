@@ -13,7 +13,8 @@ import torch
 
 @dataclass(frozen=True)
 class ConvShape:
-    """One convolution call as a layer makes it: input and weight shapes and the layer's options."""
+    """One convolution call as a layer makes it: input and weight shapes, the layer's options, and whether its
+    output is channels-last (as torch gives it: x or the weight channels-last)."""
 
     x_shape: tuple
     w_shape: tuple
@@ -22,6 +23,7 @@ class ConvShape:
     dilation: tuple
     groups: int
     bias: bool
+    channels_last: bool = False
 
     @property
     def y_shape(self) -> tuple:
@@ -37,7 +39,8 @@ class ConvShape:
                           for letter, values, plain in (("s", self.stride, 1), ("p", self.padding, 0),
                                                         ("d", self.dilation, 1)) if values != (plain, plain))
         return (f"{kh}x{kw} {c_in}->{c_out} {height}x{width}{options}"
-                + (f" g{self.groups}" if self.groups > 1 else "") + (" +bias" if self.bias else ""))
+                + (f" g{self.groups}" if self.groups > 1 else "") + (" +bias" if self.bias else "")
+                + (" channels-last" if self.channels_last else ""))
 
     def flops(self) -> int:
         _, c_out, oh, ow = self.y_shape
@@ -65,12 +68,14 @@ def conv_shapes(model: torch.nn.Module, inputs, training: bool = False) -> colle
     """{ConvShape: how many times the forward of `model` calls it}, from one forward pass on the meta device (the
     model is moved there), in training mode or not. `inputs`: an input's shape, or the positional arguments of
     the forward (tensors stand for meta tensors of their shapes and dtypes)."""
+    from .functional.conv import channels_last_output
+
     found = collections.Counter()
 
     def record(module, args, output):
         x_shape, padding = _padding(module, tuple(args[0].shape))
         found[ConvShape(x_shape, tuple(module.weight.shape), tuple(module.stride), padding, tuple(module.dilation),
-                        module.groups, module.bias is not None)] += 1
+                        module.groups, module.bias is not None, channels_last_output(args[0], module.weight))] += 1
 
     if isinstance(inputs, (tuple, list, torch.Size)) and all(isinstance(size, int) for size in inputs):
         arguments = (torch.empty(tuple(inputs), device="meta"),)

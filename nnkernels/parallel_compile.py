@@ -37,6 +37,7 @@ def _compile_conv(shape: ConvShape, dtype_name: str, tf32: bool, device: str):
     torch.backends.cudnn.allow_tf32 = tf32
     dtype = getattr(torch, dtype_name)
     x = torch.randn(shape.x_shape, device=device).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last) if shape.channels_last else x
     weight = torch.randn(shape.w_shape, device=device).to(dtype)
     precompile(x, weight, shape.stride, shape.padding, shape.dilation, shape.groups, shape.bias)
     if device.startswith("cuda"):

@@ -97,9 +97,11 @@ def test_gemm_kernels_one_program_per_axis():
             assert_close(out, ref, torch.float32)
 
 
+@pytest.mark.parametrize("y_nhwc", [False, True], ids=["y-nchw", "y-nhwc"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_channels_last_kernels_match_float64(dtype):
-    """Channels-last forward and dw (groups = 1, channels multiples of the K/N blocks), NCHW outputs."""
+def test_channels_last_kernels_match_float64(dtype, y_nhwc):
+    """Channels-last forward (y NCHW, or NHWC with Y_NHWC) and dw (groups = 1, channels multiples of the K/N
+    blocks)."""
     B, C_IN, C_OUT, H, W, stride, pad, dil = 2, 32, 24, 7, 6, (2, 1), (1, 2), (1, 2)
     OH, OW = _conv_sizes(B, C_IN, C_OUT, H, W, 3, 3, stride, pad, dil)
     x, w, bias = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, 3, 3, dtype=dtype), randn(C_OUT, dtype=dtype)
@@ -107,10 +109,11 @@ def test_channels_last_kernels_match_float64(dtype):
     geometry = (3, 3, *stride, *pad, *dil)
     sizes = (B, C_IN, C_OUT, H, W, OH, OW)
     x_cl, w_cl, dy_cl = (t.permute(0, 2, 3, 1).contiguous() for t in (x, w, dy))
-    y = poisoned(B, C_OUT, OH, OW, dtype=dtype)
+    stored = poisoned(B, OH, OW, C_OUT, dtype=dtype) if y_nhwc else poisoned(B, C_OUT, OH, OW, dtype=dtype)
     no_partial = torch.empty(0, device=x.device)
-    Conv2dGemmClForward(*geometry, True, False, False, 32, 16, 16, 8, 1, dtype=dtype).launch(x_cl, w_cl, bias, y,
-                                                                                             no_partial, *sizes)
+    Conv2dGemmClForward(*geometry, True, False, False, y_nhwc, 32, 16, 16, 8, 1, dtype=dtype).launch(
+        x_cl, w_cl, bias, stored, no_partial, *sizes)
+    y = stored.permute(0, 3, 1, 2) if y_nhwc else stored
     split = 3
     partial = poisoned(split, dw_partial_size(C_OUT, C_IN, 3, 3, True), dtype=torch.float32)
     Conv2dGemmClDw(*geometry, True, False, 16, 16, 16, 1, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
@@ -120,30 +123,33 @@ def test_channels_last_kernels_match_float64(dtype):
     for out, ref in ((y, y64), (dw, dw64), (dbias, db64)):
         assert_close(out, ref, dtype)
     with pytest.raises(ValueError, match="C_IN: expected a multiple of block_k"):
-        Conv2dGemmClForward(*geometry, True, False, False, 32, 16, 64, 32, 1, dtype=dtype).launch(
-            x_cl, w_cl, bias, y, no_partial, *sizes)
+        Conv2dGemmClForward(*geometry, True, False, False, y_nhwc, 32, 16, 64, 32, 1, dtype=dtype).launch(
+            x_cl, w_cl, bias, stored, no_partial, *sizes)
 
 
-@pytest.mark.parametrize("split_k", [2, 5, 18], ids=["2-slices", "5-ragged-slices", "a-slice-per-step"])
+@pytest.mark.parametrize("split_k, y_nhwc", [(2, False), (5, False), (18, False), (5, True)],
+                         ids=["2-slices", "5-ragged-slices", "a-slice-per-step", "5-slices-y-nhwc"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_channels_last_forward_split_over_k(dtype, split_k):
-    """The forward's K (9 taps x 32 channels: 18 steps of 16) in slices of fp32 partials, bias in the
-    first only, summed in order by the reduce into y; y untouched by the kernel itself; too many
+def test_channels_last_forward_split_over_k(dtype, split_k, y_nhwc):
+    """The forward's K (9 taps x 32 channels: 18 steps of 16) in slices of fp32 partials (in y's layout), bias
+    in the first only, summed in order by the reduce into y; y untouched by the kernel itself; too many
     slices refused."""
     B, C_IN, C_OUT, H, W, stride, pad, dil = 2, 32, 24, 7, 6, (1, 1), (1, 1), (1, 1)
     OH, OW = _conv_sizes(B, C_IN, C_OUT, H, W, 3, 3, stride, pad, dil)
     x, w, bias = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, 3, 3, dtype=dtype), randn(C_OUT, dtype=dtype)
     geometry, sizes = (3, 3, *stride, *pad, *dil), (B, C_IN, C_OUT, H, W, OH, OW)
     x_cl, w_cl = (t.permute(0, 2, 3, 1).contiguous() for t in (x, w))
-    y, partial = poisoned(B, C_OUT, OH, OW, dtype=dtype), poisoned(split_k, B * C_OUT * OH * OW)
-    Conv2dGemmClForward(*geometry, True, False, False, 32, 16, 16, 8, split_k, dtype=dtype).launch(
-        x_cl, w_cl, bias, y, partial, *sizes)
-    assert torch.isnan(y).all()
-    Conv2dDwReduce(False, 1, 1, 4, 64, dtype=dtype).launch(partial, y, y, split_k, y.numel(), C_OUT)
+    stored = poisoned(B, OH, OW, C_OUT, dtype=dtype) if y_nhwc else poisoned(B, C_OUT, OH, OW, dtype=dtype)
+    partial = poisoned(split_k, B * C_OUT * OH * OW)
+    Conv2dGemmClForward(*geometry, True, False, False, y_nhwc, 32, 16, 16, 8, split_k, dtype=dtype).launch(
+        x_cl, w_cl, bias, stored, partial, *sizes)
+    assert torch.isnan(stored).all()
+    Conv2dDwReduce(False, 1, 1, 4, 64, dtype=dtype).launch(partial, stored, stored, split_k, stored.numel(), C_OUT)
+    y = stored.permute(0, 3, 1, 2) if y_nhwc else stored
     assert_close(y, _references(x, w, bias, randn(*y.shape), stride, pad, dil, 1)[0], dtype)
     with pytest.raises(ValueError, match="split_k: expected at most the 18 K-steps"):
-        Conv2dGemmClForward(*geometry, True, False, False, 32, 16, 16, 8, 19, dtype=dtype).launch(
-            x_cl, w_cl, bias, y, poisoned(19, B * C_OUT * OH * OW), *sizes)
+        Conv2dGemmClForward(*geometry, True, False, False, y_nhwc, 32, 16, 16, 8, 19, dtype=dtype).launch(
+            x_cl, w_cl, bias, stored, poisoned(19, B * C_OUT * OH * OW), *sizes)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -155,7 +161,7 @@ def test_channels_last_forward_reads_flipped_taps(dtype):
     x, w, bias = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, 3, 2, dtype=dtype), randn(C_OUT, dtype=dtype)
     x_cl, w_flipped = x.permute(0, 2, 3, 1).contiguous(), w.flip(2, 3).permute(0, 2, 3, 1).contiguous()
     y = poisoned(B, C_OUT, OH, OW, dtype=dtype)
-    Conv2dGemmClForward(3, 2, *stride, *pad, *dil, True, False, True, 32, 16, 16, 8, 1, dtype=dtype).launch(
+    Conv2dGemmClForward(3, 2, *stride, *pad, *dil, True, False, True, False, 32, 16, 16, 8, 1, dtype=dtype).launch(
         x_cl, w_flipped, bias, y, torch.empty(0, device=x.device), B, C_IN, C_OUT, H, W, OH, OW)
     assert_close(y, _references(x, w, bias, randn(*y.shape), stride, pad, dil, 1)[0], dtype)
 

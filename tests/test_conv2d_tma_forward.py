@@ -24,21 +24,22 @@ CASES = [
 ]
 
 
-def _forward(case, dtype, *, bias=True, split=1, flip=False, tf32=False, blocks=(16, 16)):
-    """(y from Conv2dTmaForward [+ the ordered split sum], torch's float64 y)."""
+def _forward(case, dtype, *, bias=True, split=1, flip=False, tf32=False, blocks=(16, 16), y_nhwc=False):
+    """(y from Conv2dTmaForward [+ the ordered split sum], NHWC storage with `y_nhwc`; torch's float64 y)."""
     B, C_IN, C_OUT, H, W, KH, KW, pad, dil, box = case
     OH, OW = H + 2 * pad[0] - dil[0] * (KH - 1), W + 2 * pad[1] - dil[1] * (KW - 1)
     x, w = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, KH, KW, dtype=dtype)
     b = randn(C_OUT, dtype=dtype) if bias else None
     x_cl = x.permute(0, 2, 3, 1).contiguous()
     w_cl = (w.flip(2, 3) if flip else w).permute(0, 2, 3, 1).contiguous()
-    y = poisoned(B, C_OUT, OH, OW, dtype=dtype)
+    y = poisoned(B, OH, OW, C_OUT, dtype=dtype) if y_nhwc else poisoned(B, C_OUT, OH, OW, dtype=dtype)
     partial = poisoned(split, y.numel()) if split > 1 else torch.empty(0, device=x.device)
-    kernel = Conv2dTmaForward(KH, KW, 1, 1, *pad, *dil, bias, tf32, flip, *box, *blocks, split, dtype=dtype)
+    kernel = Conv2dTmaForward(KH, KW, 1, 1, *pad, *dil, bias, tf32, flip, y_nhwc, *box, *blocks, split, dtype=dtype)
     kernel.launch(x_cl, w_cl, b if bias else y, y, partial, B, C_IN, C_OUT, H, W, OH, OW)
     if split > 1:
         assert torch.isnan(y).all()  # the kernel writes only the partials
         Conv2dDwReduce(False, 1, 1, 4, 64, dtype=dtype).launch(partial, y, y, split, y.numel(), C_OUT)
+    y = y.permute(0, 3, 1, 2) if y_nhwc else y
     b64 = b.double().cpu() if bias else None
     return y, torch.nn.functional.conv2d(x.double().cpu(), w.double().cpu(), b64, 1, pad, dil)
 
@@ -50,12 +51,20 @@ def test_tma_forward_matches_float64(case, dtype):
     assert_close(y, ref, dtype)
 
 
-@pytest.mark.parametrize("split", [2, 5], ids=["2-slices", "5-ragged-slices"])
+@pytest.mark.parametrize("case", CASES[:3] + CASES[-2:-1])
+def test_tma_forward_writes_nhwc(case):
+    """Y_NHWC: the same y, stored [B, OH, OW, C_OUT]."""
+    y, ref = _forward(case, torch.bfloat16, y_nhwc=True)
+    assert_close(y, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("split, y_nhwc", [(2, False), (5, False), (5, True)],
+                         ids=["2-slices", "5-ragged-slices", "5-slices-y-nhwc"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_tma_forward_split_over_k(dtype, split):
-    """9 taps x 32 channels in 18 K-steps of 16, in slices of fp32 partials summed in order; bias in the
-    first slice only."""
-    y, ref = _forward(CASES[1].values[0], dtype, split=split)
+def test_tma_forward_split_over_k(dtype, split, y_nhwc):
+    """9 taps x 32 channels in 18 K-steps of 16, in slices of fp32 partials (in y's layout) summed in order;
+    bias in the first slice only."""
+    y, ref = _forward(CASES[1].values[0], dtype, split=split, y_nhwc=y_nhwc)
     assert_close(y, ref, dtype)
 
 
@@ -88,7 +97,7 @@ def test_tma_forward_refuses_what_it_cannot_run(constants, sizes, match):
     B, C_IN, C_OUT, H, W, OH, OW = sizes
     x_cl, w_cl = randn(B, H, W, C_IN), randn(C_OUT, 3, 3, C_IN)
     y = poisoned(B, C_OUT, OH, OW)
-    kernel = Conv2dTmaForward(*constants, False, False, False, 1, 4, 4, 16, 16, 1)
+    kernel = Conv2dTmaForward(*constants, False, False, False, False, 1, 4, 4, 16, 16, 1)
     with pytest.raises(ValueError, match=match):
         kernel.launch(x_cl, w_cl, y, y, torch.empty(0, device=x_cl.device), *sizes)
     assert torch.isnan(y).all()

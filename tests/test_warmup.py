@@ -153,3 +153,12 @@ def test_compile_only_launches_compile_and_write_nothing(monkeypatch, poisoned_o
     assert torch.isnan(channels_last(x)).all()
     monkeypatch.setattr(kernel, "_COMPILE_ONLY", False)
     assert torch.equal(channels_last(x), x.permute(0, 2, 3, 1).contiguous())
+
+
+def test_the_meta_pass_marks_channels_last_calls():
+    """A channels-last model's calls are recorded as such, so warmup's workers compile the channels-last choices."""
+    from nnkernels.conv_calls import conv_shapes
+
+    model = _model().train().to(memory_format=torch.channels_last)
+    found = conv_shapes(model, (randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last),), training=True)
+    assert [shape.channels_last for shape in found] == [True]

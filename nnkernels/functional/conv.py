@@ -9,6 +9,8 @@ Eagerly, autograd goes through a `torch.autograd.Function` around the plan, torc
 `torch.compile` the same plans run inside two custom operators, `nnkernels::conv2d` and
 `nnkernels::conv2d_backward` (fake implementations, autograd and autocast registered), so graphs trace with no
 break. While a CUDA graph is captured, a backward runs dw on a side stream beside dx (`streams.side_by_side`).
+Where torch's convolution would give a channels-last output (x or the weight channels-last), so does the plan:
+the channels-last kernels read x and dy and write y and dx in that layout, other algorithms through copies.
 `kernels_for(...)` names the kernels a call launches; `last_kernels("conv2d")` those the latest calls did.
 """
 from __future__ import annotations
@@ -19,12 +21,13 @@ import torch
 from torch import Tensor
 
 from .. import machine
-from .common import (FLOAT_DTYPES, OPS, ArgumentError, PlanCache, building, direct_apply, elsewhere, operator,
-                     record, register_autograd, register_fake, register_kernels)
+from .common import (FLOAT_DTYPES, OPS, ArgumentError, PlanCache, aligned, building, direct_apply, elsewhere,
+                     operator, record, register_autograd, register_fake, register_kernels)
 from .conv_algorithms import dw_pass, dx_pass, forward_pass
 from .double_backward import conv2d_grads
 from .conv_problem import Problem, output_size, tf32_products
-from .layout import channels_last_copy_kernels, channels_last_pair_copy, channels_last_pair_kernels, nchw
+from .layout import (as_channels_last, channels_last_copy_kernels, channels_last_pair_copy, channels_last_pair_kernels,
+                     nchw)
 from .streams import side_by_side
 
 INT32_LIMIT = 2**31
@@ -119,8 +122,27 @@ def _check(x, weight, bias, stride, padding, dilation, groups):
 
 def _ready(tensor):
     """`tensor` as the kernels read it: contiguous, on a 16-byte aligned address (a copy where it is not)."""
-    tensor = nchw(tensor)
-    return tensor if tensor.data_ptr() % 16 == 0 else tensor.clone()
+    return aligned(nchw(tensor))
+
+
+def _ready_channels_last(tensor):
+    """`tensor` as a channels-last plan's kernels read it: channels-last, 16-byte aligned (a copy where not)."""
+    return aligned(as_channels_last(tensor))
+
+
+def _is_channels_last(t):
+    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+def channels_last_output(x, weight):
+    """Whether torch's convolution gives this call a channels-last output, as cuDNN decides it: where x or the
+    weight is stored channels-last (and not also contiguous)."""
+    return x.dim() == 4 and (_is_channels_last(x) or _is_channels_last(weight))
+
+
+def _empty(shape, like, channels_last):
+    return torch.empty(shape, dtype=like.dtype, device=like.device,
+                       memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
 def _autocast(x, weight, bias):
@@ -148,10 +170,12 @@ def _batch_chunks(batch, pixels_per_image):
 
 class Conv2dPlan:
     """What every call with one signature runs: `forward(x, weight, bias)` and `backward(dy, x, weight, needs)`, on
-    tensors `prepare` made ready (4-D, contiguous, aligned). Built from checked arguments."""
+    tensors `prepare` made ready (4-D, aligned, contiguous; x channels-last in a `channels_last` plan, whose y, dy
+    and dx are channels-last too). Built from checked arguments."""
 
-    def __init__(self, x_shape, w_shape, has_bias, dtype, device, stride, padding, dilation, groups, unbatched=False):
-        self.unbatched = unbatched
+    def __init__(self, x_shape, w_shape, has_bias, dtype, device, stride, padding, dilation, groups, unbatched=False,
+                 channels_last=False):
+        self.unbatched, self.channels_last = unbatched, channels_last
         self.x_shape, self.w_shape, self.has_bias, self.dtype, self.device = x_shape, w_shape, has_bias, dtype, device
         self.args = (stride, padding, dilation, groups)
         self.y_shape = (x_shape[0], w_shape[0], output_size(x_shape[2], w_shape[2], stride[0], padding[0], dilation[0]),
@@ -164,7 +188,8 @@ class Conv2dPlan:
         self.parts = {}
         if len(self.chunks) > 1:
             for n in dict.fromkeys(end - first for first, end in self.chunks):
-                self.parts[n] = Conv2dPlan((n, *x_shape[1:]), w_shape, has_bias, dtype, device, *self.args)
+                self.parts[n] = Conv2dPlan((n, *x_shape[1:]), w_shape, has_bias, dtype, device, *self.args,
+                                           channels_last=channels_last)
         self._forward = None
         self._forward_ids = None
         self._backward = {}
@@ -172,18 +197,19 @@ class Conv2dPlan:
     def problem(self, has_bias):
         stride, padding, dilation, groups = self.args
         return Problem(self.x_shape, self.w_shape, stride, padding, dilation, groups, self.dtype, has_bias,
-                       machine.machine_of(self.device), tf32=self.tf32, device=self.device)
+                       machine.machine_of(self.device), tf32=self.tf32, device=self.device, nhwc=self.channels_last)
 
     def prepare(self, x, weight, bias):
         if self.unbatched:
             x = x.unsqueeze(0)
         if not self.runs_kernels:
             return x, weight, bias
-        return _ready(x), _ready(weight), None if bias is None else _ready(bias)
+        ready_x = _ready_channels_last(x) if self.channels_last else _ready(x)
+        return ready_x, _ready(weight), None if bias is None else _ready(bias)
 
     def forward(self, x, weight, bias):
         if not self.runs_kernels:
-            return x.new_empty(self.y_shape)
+            return _empty(self.y_shape, x, self.channels_last)
         switch = elsewhere(self.device)
         if switch is not None:
             with switch:
@@ -207,13 +233,14 @@ class Conv2dPlan:
     def backward(self, dy, x, weight, needs):
         """(dx, dw, dbias) for `needs` = which of (dx, dw, dbias) are asked for; None where not asked."""
         if not self.runs_kernels:
-            return (x.new_empty(x.shape) if needs[0] else None, torch.zeros_like(weight) if needs[1] else None,
+            return (_empty(x.shape, x, self.channels_last) if needs[0] else None,
+                    torch.zeros_like(weight) if needs[1] else None,
                     weight.new_zeros(weight.shape[0]) if needs[2] else None)
         switch = elsewhere(self.device)
         if switch is not None:
             with switch:
                 return self.backward(dy, x, weight, needs)
-        dy = _ready(dy)
+        dy = _ready_channels_last(dy) if self.channels_last else _ready(dy)
         if len(self.chunks) > 1:
             parts = [self.parts[end - first].backward(dy[first:end], x[first:end], weight, needs)
                      for first, end in self.chunks]
@@ -341,7 +368,7 @@ def _new_plan(x, weight, bias, stride, padding, dilation, groups):
     _check(x, weight, bias, stride, padding, dilation, groups)
     unbatched = x.dim() == 3
     return Conv2dPlan((1, *x.shape) if unbatched else tuple(x.shape), tuple(weight.shape), bias is not None, x.dtype,
-                      x.device, stride, padding, dilation, groups, unbatched)
+                      x.device, stride, padding, dilation, groups, unbatched, channels_last_output(x, weight))
 
 
 class _Conv2d(torch.autograd.Function):
@@ -417,7 +444,7 @@ def _conv2d_fake(x, weight, bias, stride, padding, dilation, groups):
     _check(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups)
     oh = output_size(x.shape[2], weight.shape[2], stride[0], padding[0], dilation[0])
     ow = output_size(x.shape[3], weight.shape[3], stride[1], padding[1], dilation[1])
-    return x.new_empty((x.shape[0], weight.shape[0], oh, ow))
+    return _empty((x.shape[0], weight.shape[0], oh, ow), x, channels_last_output(x, weight))
 
 
 @operator("conv2d_backward", derivative=False)
@@ -433,7 +460,7 @@ def conv2d_backward_op(grad_y: Tensor, x: Tensor, weight: Tensor, stride: list[i
 
 @register_fake("conv2d_backward")
 def _conv2d_backward_fake(grad_y, x, weight, stride, padding, dilation, groups, need_dx, need_dw, need_dbias):
-    return (x.new_empty(x.shape) if need_dx else x.new_empty(0),
+    return (_empty(x.shape, x, channels_last_output(x, weight)) if need_dx else x.new_empty(0),
             weight.new_empty(weight.shape) if need_dw else x.new_empty(0),
             weight.new_empty(weight.shape[0]) if need_dbias else x.new_empty(0))
 
@@ -483,18 +510,19 @@ for _device_type in _AUTOCAST_DEVICES:
 
 # ---- what a call launches ----
 
-def _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias):
+def _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias, channels_last=False):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return Problem(x_shape, weight_shape, _pair(stride, "stride"), _pair(padding, "padding"),
                    _pair(dilation, "dilation"), groups, dtype, bias, machine.machine_of(device),
-                   tf32=tf32_products(dtype, device.type), device=device)
+                   tf32=tf32_products(dtype, device.type), device=device, nhwc=channels_last)
 
 
 def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype=torch.float32,
-                bias=False, backward=True) -> list[str]:
+                bias=False, backward=True, channels_last=False) -> list[str]:
     """The ids of the kernels `conv2d` launches for this call (forward, then dx, then dw and its reduce when
-    `backward`), with the choices tuning has remembered or, before any tuning, the first guesses."""
-    p = _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias)
+    `backward`; `channels_last`: x, and so y, dy and dx, channels-last), with the choices tuning has remembered
+    or, before any tuning, the first guesses."""
+    p = _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias, channels_last)
     passes = [forward_pass(p)] + ([dx_pass(p), dw_pass(p)] if backward else [])
     choices = [pass_.peek() for pass_ in passes]
     ids = [[k.id for k in pass_.kernels(choice)] for pass_, choice in zip(passes, choices)]
@@ -507,12 +535,14 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     """Run once each, on scratch outputs, every choice `conv2d` could make for this call, timing and remembering
     nothing: per pass the choice tuning remembers (this machine's cache or the shipped table) where there is one,
     else those quick tuning times (all with `full`). Triton then has them all in its disk cache, so another
-    process (one that trains or tunes) loads them instead of compiling."""
+    process (one that trains or tunes) loads them instead of compiling. A channels-last x or weight compiles the
+    channels-last choices, as `conv2d` would run them."""
     from .. import tuning
 
-    p = _listed_problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype, bias)
+    p = _listed_problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype, bias,
+                        channels_last_output(x, weight))
     p.device = x.device
-    x, weight = x.contiguous(), weight.contiguous()
+    x, weight = (_ready_channels_last(x) if p.nhwc else _ready(x)), _ready(weight)
     bias_arg = torch.zeros(p.C_OUT, dtype=x.dtype, device=x.device) if bias else None
     count = None if full else tuning.QUICK_CANDIDATES
 

@@ -54,7 +54,7 @@ class Problem:
     """The sizes of one convolution, in the names the kernels take, on `machine`."""
 
     def __init__(self, x_shape, w_shape, stride, padding, dilation, groups, dtype, has_bias, machine: Machine, *,
-                 tf32=None, flip_taps=False, device=None):
+                 tf32=None, flip_taps=False, device=None, nhwc=False):
         self.B, self.C_IN, self.H, self.W = (int(v) for v in x_shape)
         self.C_OUT, self.cin_per_group, self.KH, self.KW = (int(v) for v in w_shape)
         self.OH = output_size(self.H, self.KH, stride[0], padding[0], dilation[0])
@@ -64,6 +64,9 @@ class Problem:
         self.tf32 = tf32_products(dtype) if tf32 is None else tf32
         self.stride, self.padding, self.dilation = tuple(stride), tuple(padding), tuple(dilation)
         self.geometry = (self.KH, self.KW, *self.stride, *self.padding, *self.dilation)
+        # x, y, dy and dx channels-last (torch.channels_last strides over NHWC storage): the channels-last
+        # kernels read and write them in place, every other algorithm through layout copies.
+        self.nhwc = nhwc
         self.depthwise = groups == self.C_IN == self.C_OUT
         # An unpadded one-group 1x1 convolution is a matrix product per image, of x[:, :, ::s, ::s] when strided.
         self.pointwise = (self.KH, self.KW, *self.padding) == (1, 1, 0, 0) and groups == 1
@@ -77,25 +80,28 @@ class Problem:
         self.channels_last = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
                               and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
         most_pixels = UNFOLD_DW_MAX_PIXELS if self.tf32 else UNFOLD_DW_MAX_PIXELS_FULL_FP32
-        self.rows_outer_dw = (dtype == torch.float32 and self.channels_last and not self.pointwise
+        self.rows_outer_dw = (dtype == torch.float32 and self.channels_last and not self.pointwise and not nhwc
                               and self.stride == (1, 1) and self.OH * self.OW <= most_pixels)
         self.unfolded_dw = self.unfolded or self.rows_outer_dw
         self.winograd = (self.rows_outer_dw and not self.tf32 and self.geometry == (3, 3, 1, 1, 1, 1, 1, 1)
                          and min(self.C_IN, self.C_OUT) >= WINOGRAD_MIN_CHANNELS and winograd_enabled()
                          and winograd_fits(self.B, self.H, self.W, max(self.C_IN, self.C_OUT)))
-        # The channels-last copy of x pays off over KH*KW taps; a 1x1 convolution's NCHW kernel is faster.
-        self.forward_channels_last = self.channels_last and self.KH * self.KW > 1 and not self.pointwise
+        # The channels-last copy of x pays off over KH*KW taps; a 1x1 convolution's NCHW kernel is faster, unless
+        # the tensors are channels-last already (then the 1x1 products read them as they are).
+        self.forward_channels_last = self.channels_last and (nhwc or (self.KH * self.KW > 1 and not self.pointwise))
         # dx's K slices run over C_OUT only, so any C_IN will do.
-        self.dx_channels_last = (groups == 1 and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0 and not self.pointwise
-                                 and not self.depthwise and not self.unfolded)
+        self.dx_channels_last = (groups == 1 and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0 and not self.depthwise
+                                 and not self.unfolded and (nhwc or not self.pointwise))
         # A strided dx kernel writes each phase's pixels STRIDE_W apart: into NHWC, where a pixel's channels make
-        # one run, then transposed; where C_IN is not a multiple of 16 they would not make whole runs.
-        self.dx_nhwc = self.dx_channels_last and self.stride != (1, 1) and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
+        # one run, then transposed; where C_IN is not a multiple of 16 they would not make whole runs. A
+        # channels-last problem's dx is NHWC whatever its stride.
+        self.dx_nhwc = self.dx_channels_last and (nhwc or (self.stride != (1, 1)
+                                                          and self.C_IN % CHANNELS_LAST_MULTIPLE == 0))
         self.flip_taps = flip_taps  # the weight's taps stored in reverse (`dx_forward`'s problems)
         # dx pixels of one stride phase of one image (the gather-form dx kernels' unit of work)
         self.pixels_per_phase = -(-self.H // self.stride[0]) * -(-self.W // self.stride[1])
         self.key = (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.geometry, groups, str(dtype), self.tf32,
-                    has_bias, self.winograd)
+                    has_bias, self.winograd) + (("nhwc",) if nhwc else ())
 
     @property
     def sizes(self):
@@ -131,5 +137,5 @@ class Problem:
             return None
         problem = Problem((self.B, self.C_OUT, self.OH, self.OW), (self.C_IN, self.C_OUT, self.KH, self.KW), (1, 1),
                           pads, self.dilation, 1, self.dtype, False, self.machine, tf32=self.tf32, flip_taps=True,
-                          device=self.device)
+                          device=self.device, nhwc=self.nhwc)
         return problem if problem.forward_channels_last else None

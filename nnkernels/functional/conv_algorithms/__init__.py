@@ -5,7 +5,8 @@ candidates are merged).
 under, on which problem its runners run, and its candidates. Choosing (`choose`), naming the kernels a call
 uses (`peek` then `kernels`), pre-compiling and running are walks over these lists. A stride-1 dx that a
 channels-last forward can compute (`Problem.dx_forward`) is that forward: its pass is the forward pass of the
-transposed problem, and shares its tuning.
+transposed problem, and shares its tuning. On a channels-last problem (`Problem.nhwc`) an algorithm that reads
+NCHW runs `through_nchw`.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Callable
 from ... import tuning
 from . import channels_last, depthwise, implicit_gemm, pointwise, rows, tma, unfolded, winograd
 from .base import Choice, algorithm_named, decode_choice, tier_choices
+from .through_nchw import copy_kernels, through_nchw
 
 FORWARD = [(depthwise.FORWARD,), (pointwise.FORWARD,), (channels_last.FORWARD, tma.FORWARD, winograd.FORWARD),
            (rows.FORWARD,), (implicit_gemm.FORWARD,)]
@@ -45,13 +47,24 @@ class Pass:
         return tuning.remembered(self.kind, self.key, self.candidates(), decode_choice)
 
     def kernels(self, choice: Choice) -> list:
-        return algorithm_named(choice.algorithm).kernels(self.problem, choice.config)
+        algorithm = algorithm_named(choice.algorithm)
+        kernels = algorithm.kernels(self.problem, choice.config)
+        if self.problem.nhwc and not algorithm.channels_last_input:
+            before, after = copy_kernels(self.problem, self.kind)
+            return before + kernels + after
+        return kernels
 
     def runner(self, choice: Choice):
-        return algorithm_named(choice.algorithm).runner(self.problem, choice.config)
+        algorithm = algorithm_named(choice.algorithm)
+        run = algorithm.runner(self.problem, choice.config)
+        if self.problem.nhwc and not algorithm.channels_last_input:
+            return through_nchw(self.problem, self.kind, run)
+        return run
 
     def reads_channels_last(self, choice: Choice) -> bool:
-        return algorithm_named(choice.algorithm).channels_last_input
+        """Whether the runner takes a channels-last copy of dy (and x) that a backward may make once for dx and
+        dw; a channels-last problem's runners read the tensors themselves."""
+        return algorithm_named(choice.algorithm).channels_last_input and not self.problem.nhwc
 
 
 def forward_pass(p) -> Pass:

@@ -1,7 +1,8 @@
-"""Implicit GEMMs on channels-last copies (`ops/conv2d/channels_last*.py`): one-group convolutions whose channel
+"""Implicit GEMMs on channels-last tensors (`ops/conv2d/channels_last*.py`): one-group convolutions whose channel
 counts are multiples of 16, so that the K slices are whole 16-channel runs loaded as vectors. The forward copies
 x and the weight (one launch) and may split K; dx reads a channels-last dy (stride-1 dx runs as a forward, see
-`dx_as_forward`); dw reads dy and x channels-last.
+`Problem.dx_forward`); dw reads dy and x channels-last. Of a channels-last problem (`Problem.nhwc`) they read x
+and dy as they are stored and write y and dx channels-last: only the weight is copied.
 
 The forward's candidates meet those of the TMA boxes and Winograd in one tier; `ranks` places each.
 """
@@ -108,6 +109,21 @@ def channels_last_dw_candidates(m: int, c_in: int, taps: int, pixels: int, dtype
     return list(dict.fromkeys(configs))
 
 
+def nhwc_operand(p, shape):
+    """t -> the [B, H, W, C] tensor the kernels read for an input of NCHW `shape`: of a channels-last problem the
+    tensor as it is stored, else the tile transpose's copy of a contiguous one."""
+    return _as_stored if p.nhwc else channels_last_copy(shape, p.dtype, p.device)
+
+
+def nhwc_operand_kernels(p, shape) -> list:
+    """The copy `nhwc_operand(p, shape)` launches: none for a channels-last problem."""
+    return [] if p.nhwc else channels_last_copy_kernels(shape, p.dtype)
+
+
+def _as_stored(t):
+    return t.permute(0, 2, 3, 1)
+
+
 def _dx_forward_weight_shape(p):
     return (1, p.C_IN, p.C_OUT * p.KH * p.KW, 1)  # the convolution's own weight, [C_OUT, C_IN, KH, KW], as 4-D
 
@@ -121,17 +137,19 @@ def dx_forward_weight(p):
 
 
 def forward_copies(p) -> list:
-    """The layout copies a channels-last forward launches before its product: x and the weight in one launch, or
-    of a `dx_forward` problem dy (unless the backward shares its copy) and the transposed weight."""
+    """The layout copies a channels-last forward launches before its product: x and the weight in one launch (the
+    weight alone where x is channels-last), or of a `dx_forward` problem dy (unless the backward shares its copy
+    or dy is channels-last) and the transposed weight."""
     if p.flip_taps:
-        return (channels_last_copy_kernels(p.x_shape, p.dtype)
-                + channels_last_copy_kernels(_dx_forward_weight_shape(p), p.dtype))
+        return nhwc_operand_kernels(p, p.x_shape) + channels_last_copy_kernels(_dx_forward_weight_shape(p), p.dtype)
+    if p.nhwc:
+        return channels_last_copy_kernels(p.w_shape, p.dtype)
     return channels_last_pair_kernels(p.x_shape, p.w_shape, p.dtype)
 
 
 def channels_last_operand_copies(p) -> list:
     """The copies `channels_last_operands` launches: dy, then x (unless the backward made them)."""
-    return channels_last_copy_kernels(p.y_shape, p.dtype) + channels_last_copy_kernels(p.x_shape, p.dtype)
+    return nhwc_operand_kernels(p, p.y_shape) + nhwc_operand_kernels(p, p.x_shape)
 
 
 def forward_runner(p, kernels, split):
@@ -139,29 +157,36 @@ def forward_runner(p, kernels, split):
     `Conv2dGemmClForward` or `Conv2dTmaForward`, then the split-K sum when `split` > 1: run(x, weight, bias,
     x_cl=None) -> y. Of a `dx_forward` problem (FLIP_TAPS) it computes dx:
     x is dy, read channels-last (`x_cl`, the backward's shared copy, where it made one), and the weight is the
-    convolution's own."""
+    convolution's own. Of a channels-last problem y is channels-last."""
     conv, *rest = (Launcher(k) for k in kernels[len(forward_copies(p)):])
-    shape, dtype, sizes, device, c_out = p.y_shape, p.dtype, p.sizes, p.device, p.C_OUT
+    dtype, sizes, device, c_out = p.dtype, p.sizes, p.device, p.C_OUT
+    shape = (p.B, p.OH, p.OW, p.C_OUT) if p.nhwc else p.y_shape
     numel = p.B * p.C_OUT * p.OH * p.OW
     new, new_f32 = allocator(dtype, device), allocator(torch.float32, device)
     no_partials = new_f32(0)
     if p.flip_taps:
-        copy_x, transposed = channels_last_copy(p.x_shape, dtype, device), dx_forward_weight(p)
+        copy_x, transposed = nhwc_operand(p, p.x_shape), dx_forward_weight(p)
 
         def inputs(x, weight, x_cl):
             return (x_cl if x_cl is not None else copy_x(x)), transposed(weight)
+    elif p.nhwc:
+        copy_weight = channels_last_copy(p.w_shape, dtype, device)
+
+        def inputs(x, weight, x_cl):
+            return _as_stored(x), copy_weight(weight)
     else:
         pair = channels_last_pair_copy(p.x_shape, p.w_shape, dtype, device)
 
         def inputs(x, weight, x_cl):
             return pair(x, weight)
 
+    as_nchw = _as_nchw if p.nhwc else _same
     if split == 1:
         def run(x, weight, bias, x_cl=None):
             x_in, w_in = inputs(x, weight, x_cl)
             y = new(*shape)
             conv(x_in, w_in, y if bias is None else bias, y, no_partials, *sizes)
-            return y
+            return as_nchw(y)
 
         return run
     total = rest[0]
@@ -172,9 +197,17 @@ def forward_runner(p, kernels, split):
         partial = new_f32(split, numel)
         conv(x_in, w_in, y if bias is None else bias, y, partial, *sizes)
         total(partial, y, y, split, numel, c_out)
-        return y
+        return as_nchw(y)
 
     return run_split
+
+
+def _as_nchw(t):
+    return t.permute(0, 3, 1, 2)  # [B, H, W, C] seen as [B, C, H, W]: torch's channels_last
+
+
+def _same(t):
+    return t
 
 
 class ClForward(Algorithm):
@@ -189,8 +222,8 @@ class ClForward(Algorithm):
 
     def kernels(self, p, config):
         block_q = image_tile(config.block_m, p.OH * p.OW, config.image_pixels)
-        constants = p.geometry + (p.has_bias, p.tf32, p.flip_taps, config.block_m, config.block_n, config.block_k,
-                                  block_q, config.split)
+        constants = p.geometry + (p.has_bias, p.tf32, p.flip_taps, p.nhwc, config.block_m, config.block_n,
+                                  config.block_k, block_q, config.split)
         kernels = forward_copies(p) + [make_kernel(Conv2dGemmClForward, constants, p, config)]
         return kernels + ([split_sum_kernel(p, p.B * p.C_OUT * p.OH * p.OW)] if config.split > 1 else [])
 
@@ -200,7 +233,8 @@ class ClForward(Algorithm):
 
 class ClDx(Algorithm):
     """dx from a channels-last dy with the weight as [KH, KW, C_IN, C_OUT] (contiguous along the reduced c_out, as
-    TF32 tensor cores want it); strided layers with C_IN a multiple of 16 write NHWC, transposed after."""
+    TF32 tensor cores want it); strided layers with C_IN a multiple of 16 write NHWC, transposed after (not for a
+    channels-last problem, whose dx is NHWC)."""
 
     name = "cl_dx"
     channels_last_input = True
@@ -217,22 +251,26 @@ class ClDx(Algorithm):
         return make_kernel(Conv2dGemmClDx, constants, p, config)
 
     def kernels(self, p, config):
-        back_to_nchw = channels_first_copy_kernels((p.B, p.H, p.W, p.C_IN), p.dtype) if p.dx_nhwc else []
-        return channels_last_copy_kernels(p.y_shape, p.dtype) + [self._product(p, config)] + back_to_nchw
+        transposed = p.dx_nhwc and not p.nhwc
+        back_to_nchw = channels_first_copy_kernels((p.B, p.H, p.W, p.C_IN), p.dtype) if transposed else []
+        return nhwc_operand_kernels(p, p.y_shape) + [self._product(p, config)] + back_to_nchw
 
     def runner(self, p, config):
         launch = Launcher(self._product(p, config))
-        copy_dy = channels_last_copy(p.y_shape, p.dtype, p.device)
+        copy_dy = nhwc_operand(p, p.y_shape)
         nhwc = (p.B, p.H, p.W, p.C_IN)
         written_shape = nhwc if p.dx_nhwc else p.x_shape
-        to_nchw = channels_first_copy(nhwc, p.dtype, p.device) if p.dx_nhwc else None
+        if p.nhwc:
+            laid_out = _as_nchw  # a channels-last problem's dx is NHWC (`Problem.dx_nhwc`) and stays so
+        else:
+            laid_out = channels_first_copy(nhwc, p.dtype, p.device) if p.dx_nhwc else _same
         sizes, new = p.sizes, allocator(p.dtype, p.device)
 
         def run(dy, weight, dy_cl):
             w_t = weight.permute(2, 3, 1, 0).contiguous()  # [KH, KW, C_IN, C_OUT]: tiny
             written = new(*written_shape)
             launch(dy_cl if dy_cl is not None else copy_dy(dy), w_t, written, *sizes)
-            return to_nchw(written) if to_nchw is not None else written
+            return laid_out(written)
 
         return run
 
@@ -261,7 +299,7 @@ class ClDw(Algorithm):
 def channels_last_operands(p):
     """(dy, x, copies) -> (channels-last dy, channels-last x): the operands of the channels-last and TMA dw kernels,
     `copies` where the backward made them for dx and dw (`conv._BackwardRunner`), else copied here."""
-    copy_dy, copy_x = (channels_last_copy(shape, p.dtype, p.device) for shape in (p.y_shape, p.x_shape))
+    copy_dy, copy_x = (nhwc_operand(p, shape) for shape in (p.y_shape, p.x_shape))
     return lambda dy, x, copies: copies if copies is not None else (copy_dy(dy), copy_x(x))
 
 

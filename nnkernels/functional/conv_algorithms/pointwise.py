@@ -104,7 +104,7 @@ def _subsample_kernels(p) -> list:
 
 class _Pointwise(Algorithm):
     def applies(self, p):
-        return p.pointwise
+        return p.pointwise and not (p.nhwc and p.channels_last)  # channels-last tensors: the NHWC products
 
 
 class PointwiseForward(_Pointwise):

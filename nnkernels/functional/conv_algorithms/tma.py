@@ -100,7 +100,8 @@ class TmaForward(Algorithm):
 
     def kernels(self, p, config):
         box = tma_forward_box(config.block_m, p.OH, p.OW)
-        constants = p.geometry + (p.has_bias, p.tf32, p.flip_taps, *box, config.block_n, config.block_k, config.split)
+        constants = p.geometry + (p.has_bias, p.tf32, p.flip_taps, p.nhwc, *box, config.block_n, config.block_k,
+                                  config.split)
         kernels = forward_copies(p) + [make_kernel(Conv2dTmaForward, constants, p, config)]
         return kernels + ([split_sum_kernel(p, p.B * p.C_OUT * p.OH * p.OW)] if config.split > 1 else [])
 

@@ -5,7 +5,8 @@ axis is only piecewise contiguous and each tap shifts it by an odd number of ele
 loads are single elements (2 bytes for bf16: too small for asynchronous copies, so no
 pipelining). With channels last, a K-slice is BLOCK_K consecutive, aligned channels of one
 pixel: 16-byte vector loads that the compiler pipelines. The op makes the channels-last copy
-of its NCHW input (one memory pass) and these kernels still write NCHW (y) or dw's own layout.
+of its NCHW input (one memory pass), or reads a channels-last input as it is; the forward writes y in either
+layout (Y_NHWC), dw its own.
 Used when groups == 1 and the channel counts are multiples of BLOCK_K; NCHW kernels otherwise.
 dx from a channels-last dy is `Conv2dGemmClDx` (conv2d_gemm_channels_last_dx.py).
 """
@@ -62,6 +63,17 @@ def add_forward_bias(acc, bias, c_out, c_out_ok, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
+def forward_y_offset(b, q, c_out, C_OUT, OHW, Y_NHWC: tl.constexpr):
+    """[len(c_out), len(q)] offsets of output channels c_out at pixels q (oh*OW + ow) of images b: into NCHW y,
+    or into [B, OH, OW, C_OUT] when Y_NHWC (the channels-last forwards' stores; split partials alike)."""
+    if Y_NHWC:
+        offset = c_out.to(tl.int64)[:, None] + ((b.to(tl.int64) * OHW + q) * C_OUT)[None, :]
+    else:
+        offset = (c_out.to(tl.int64) * OHW)[:, None] + (b.to(tl.int64) * C_OUT * OHW + q)[None, :]
+    return offset
+
+
+@triton.jit
 def store_forward_tile(acc, y, partial, y_offset, y_ok, B, C_OUT, OHW, SPLIT_K: tl.constexpr):
     """The channels-last forwards' store: acc transposed at y_offset where y_ok, into y in its type
     (SPLIT_K = 1), else in fp32 into this split's row of partial, [SPLIT_K, B*C_OUT*OHW]."""
@@ -77,11 +89,11 @@ def conv2d_gemm_cl_forward(
     x, w, bias, y, partial, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    HAS_BIAS: tl.constexpr, TF32: tl.constexpr, FLIP_TAPS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TF32: tl.constexpr, FLIP_TAPS: tl.constexpr, Y_NHWC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    """2-D convolution forward (groups = 1) from channels-last x and w, NCHW y; implicit GEMM.
+    """2-D convolution forward (groups = 1) from channels-last x and w, NCHW y (NHWC when Y_NHWC); implicit GEMM.
 
     x is [B, H, W, C_IN] and w is [C_OUT, KH, KW, C_IN], both contiguous, with w's taps in reverse
     order when FLIP_TAPS (w[c_out, KH-1-kh, KW-1-kw, c_in] stands for tap (kh, kw): a stride-1 dx is
@@ -96,9 +108,10 @@ def conv2d_gemm_cl_forward(
     tap), S = cdiv(KS, SPLIT_K), and forms
         [bias[c_out] in split 0] + sum over those (kh, kw, c_in) of w[c_out, kh, kw, c_in]
             * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
-    (x read as 0 outside the image). With SPLIT_K = 1 that is y[b, c_out, oh, ow] (NCHW); else it
-    goes in fp32 to partial[s, b, c_out, oh, ow] and `Conv2dDwReduce` (TAPS = 1) adds the splits
-    into y in a fixed order: split K gives layers of few pixels (7x7, 14x14) more programs.
+    (x read as 0 outside the image). With SPLIT_K = 1 that is y[b, c_out, oh, ow] (NCHW; y[b, oh, ow,
+    c_out] when Y_NHWC); else it goes in fp32 to partial[s] in y's layout and `Conv2dDwReduce`
+    (TAPS = 1) adds the splits into y in a fixed order: split K gives layers of few pixels (7x7,
+    14x14) more programs.
     A tile's BLOCK_Q pixels of one image are consecutive in NCHW, and the compiler can see it
     (q is BLOCK_Q-contiguous): coalesced stores, measured 4x faster on the H200 than tiles whose
     pixels run across image boundaries.
@@ -141,7 +154,7 @@ def conv2d_gemm_cl_forward(
         w_tile = tl.load(w_rows + w_k + channel[None, :], mask=c_out_ok[:, None], other=0.0)
         acc = conv_dot(x_tile, tl.trans(w_tile), acc, TF32)
     acc = add_forward_bias(acc, bias, c_out, c_out_ok, HAS_BIAS)
-    y_offset = (c_out.to(tl.int64) * ohw)[:, None] + (b.to(tl.int64) * C_OUT * ohw + q)[None, :]
+    y_offset = forward_y_offset(b, q, c_out, C_OUT, ohw, Y_NHWC)
     store_forward_tile(acc, y, partial, y_offset, c_out_ok[:, None] & q_ok[None, :], B, C_OUT, ohw, SPLIT_K)
 
 
@@ -243,12 +256,12 @@ def conv2d_gemm_cl_dw(
 
 Conv2dGemmClForward = kernel_object(
     conv2d_gemm_cl_forward,
-    helpers=(conv_dot, add_forward_bias, store_forward_tile),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, False, 128, 64, 64, 128, 1),
+    helpers=(conv_dot, add_forward_bias, forward_y_offset, store_forward_tile),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, False, False, 128, 64, 64, 128, 1),
     entry=conv2d_gemm_cl_forward_entry,
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
-    flags=("HAS_BIAS", "TF32", "FLIP_TAPS"),
+    flags=("HAS_BIAS", "TF32", "FLIP_TAPS", "Y_NHWC"),
     num_warps=4,
     num_stages=3,
 )

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ...kernel import kernel_object
 from ...launcher import use_torch_scratch
-from .channels_last import add_forward_bias, check_forward_k_slices, store_forward_tile
+from .channels_last import add_forward_bias, check_forward_k_slices, forward_y_offset, store_forward_tile
 from .checks import check_conv_launch
 from ..common.checks import check_grid_3d
 from ..common.host_math import cdiv
@@ -45,11 +45,12 @@ def conv2d_tma_forward(
     x, w, bias, y, partial, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    HAS_BIAS: tl.constexpr, TF32: tl.constexpr, FLIP_TAPS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TF32: tl.constexpr, FLIP_TAPS: tl.constexpr, Y_NHWC: tl.constexpr,
     BOX_B: tl.constexpr, BOX_H: tl.constexpr, BOX_W: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
-    """2-D convolution forward (groups = 1, stride 1) from channels-last x and w, NCHW y; TMA boxes.
+    """2-D convolution forward (groups = 1, stride 1) from channels-last x and w, NCHW y (NHWC when Y_NHWC); TMA
+    boxes.
 
     x is [B, H, W, C_IN] and w is [C_OUT, KH, KW, C_IN], contiguous, with rows of 16-byte multiples
     on 16-byte aligned bases; w's taps in reverse order when FLIP_TAPS (w[c_out, KH-1-kh, KW-1-kw, c_in]
@@ -62,8 +63,8 @@ def conv2d_tma_forward(
         [bias[c_out] in split 0] + sum over those (kh, kw, c_in) of w[c_out, kh, kw, c_in]
             * x[b, oh - PAD_H + kh*DIL_H, ow - PAD_W + kw*DIL_W, c_in]
     (x read as 0 outside the tensor: the TMA's fill). With SPLIT_K = 1 that is y[b, c_out, oh, ow]
-    (NCHW); else it goes in fp32 to partial[s, b, c_out, oh, ow] and `Conv2dDwReduce` (TAPS = 1) adds
-    the splits into y in a fixed order. Pixels of a box outside the output are not stored.
+    (NCHW; y[b, oh, ow, c_out] when Y_NHWC); else it goes in fp32 to partial[s] in y's layout and
+    `Conv2dDwReduce` (TAPS = 1) adds the splits into y in a fixed order. Pixels of a box outside the output are not stored.
     Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 accumulation, y rounded once; every
     element of y (with SPLIT_K > 1: of `partial`, and y is not touched) is written; bias read only
     when HAS_BIAS, `partial` only when SPLIT_K > 1.
@@ -104,19 +105,19 @@ def conv2d_tma_forward(
     oh = oh_first + (row // BOX_W) % BOX_H
     ow = ow_first + row % BOX_W
     ohw = OH * OW
-    y_offset = (c_out.to(tl.int64) * ohw)[:, None] + (b.to(tl.int64) * C_OUT * ohw + oh * OW + ow)[None, :]
+    y_offset = forward_y_offset(b, oh * OW + ow, c_out, C_OUT, ohw, Y_NHWC)
     y_ok = c_out_ok[:, None] & ((b < B) & (oh < OH) & (ow < OW))[None, :]
     store_forward_tile(acc, y, partial, y_offset, y_ok, B, C_OUT, ohw, SPLIT_K)
 
 
 Conv2dTmaForward = kernel_object(
     conv2d_tma_forward,
-    helpers=(conv_dot, add_forward_bias, store_forward_tile),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, False, 1, 8, 8, 128, 32, 1),
+    helpers=(conv_dot, add_forward_bias, forward_y_offset, store_forward_tile),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, False, False, 1, 8, 8, 128, 32, 1),
     entry=conv2d_tma_forward_entry,
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
-    flags=("HAS_BIAS", "TF32", "FLIP_TAPS"),
+    flags=("HAS_BIAS", "TF32", "FLIP_TAPS", "Y_NHWC"),
     num_warps=4,
     num_stages=4,
 )

@@ -1,0 +1,133 @@
+"""conv2d on channels-last tensors: the output and the input gradient in the layout torch's convolution gives
+(channels-last where x or the weight is), values within each dtype's tolerance of float64, and the
+channels-last kernels reading x and dy and writing y and dx in place (only the weight is copied).
+
+References: torch.nn.functional.conv2d and its autograd in float64 on the same data; layouts judged as torch
+judges them, `is_contiguous(memory_format=...)` both ways.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nnkernels.functional.common import last_kernels
+from nnkernels.functional.conv import conv2d, kernels_for
+from support import DEVICE, DTYPES, assert_close, dtype_id, randn
+
+CL = torch.channels_last
+
+# (B, C_IN, C_OUT, H, W, (KH, KW), stride, padding, dilation, groups, bias): every algorithm's path once.
+CASES = [
+    pytest.param((2, 16, 32, 6, 5, (3, 3), 1, 1, 1, 1, True), id="3x3-channels-last-kernels"),
+    pytest.param((2, 16, 32, 6, 5, (1, 1), 1, 0, 1, 1, True), id="1x1-as-nhwc-products"),
+    pytest.param((2, 32, 16, 7, 6, (3, 3), 2, 1, 1, 1, False), id="3x3-stride2-dx-nhwc"),
+    pytest.param((2, 32, 16, 7, 6, (1, 1), 2, 0, 1, 1, True), id="1x1-stride2"),
+    pytest.param((1, 16, 16, 6, 7, (3, 3), 1, 3, 1, 1, True), id="padding-past-the-kernel"),
+    pytest.param((2, 16, 32, 9, 8, (1, 7), 1, (0, 3), 2, 1, False), id="1x7-dilated"),
+    pytest.param((2, 3, 16, 11, 10, (7, 7), 2, 3, 1, 1, True), id="stem-through-nchw"),
+    pytest.param((2, 16, 16, 6, 6, (3, 3), 1, 1, 1, 16, True), id="depthwise-through-nchw"),
+    pytest.param((2, 8, 16, 6, 6, (3, 3), 1, 1, 1, 2, False), id="grouped-through-nchw"),
+    pytest.param((2, 24, 16, 5, 5, (3, 3), 1, 1, 1, 1, True), id="24-channels-in"),
+]
+
+
+def _tensors(case, dtype, x_format=CL, w_format=torch.contiguous_format):
+    B, C_IN, C_OUT, H, W, kernel, stride, padding, dilation, groups, has_bias = case
+    x = randn(B, C_IN, H, W, dtype=dtype).contiguous(memory_format=x_format).requires_grad_()
+    w = randn(C_OUT, C_IN // groups, *kernel, dtype=dtype).contiguous(memory_format=w_format).requires_grad_()
+    b = randn(C_OUT, dtype=dtype).requires_grad_() if has_bias else None
+    return x, w, b, (stride, padding, dilation, groups)
+
+
+def formats(t):
+    return t.is_contiguous(), t.is_contiguous(memory_format=CL)
+
+
+def _check(case, dtype, dy_format, x_format=CL, w_format=torch.contiguous_format):
+    x, w, b, options = _tensors(case, dtype, x_format, w_format)
+    y = conv2d(x, w, b, *options)
+    dy = randn(*y.shape, dtype=dtype).contiguous(memory_format=dy_format)
+    leaves = (x, w) + ((b,) if b is not None else ())
+    grads = torch.autograd.grad(y, leaves, dy)
+    ref_leaves = [t.detach().double().cpu().requires_grad_() for t in leaves]
+    ref_y = F.conv2d(*ref_leaves[:2], ref_leaves[2] if b is not None else None, *options)
+    ref_grads = torch.autograd.grad(ref_y, ref_leaves, dy.double().cpu())
+    torch_x = x.detach().float().cpu().requires_grad_()
+    torch_y = F.conv2d(torch_x, w.detach().float().cpu(), None, *options)
+    torch_dx = torch.autograd.grad(torch_y, torch_x, dy.float().cpu())[0]
+    assert formats(y) == formats(torch_y), (y.stride(), torch_y.stride())
+    assert formats(grads[0]) == formats(torch_dx), (grads[0].stride(), torch_dx.stride())
+    assert_close(y, ref_y, dtype)
+    for grad, ref in zip(grads, ref_grads):
+        assert_close(grad, ref, dtype, floor=ref.abs().sum().item() / ref.numel() ** 0.5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", CASES)
+def test_channels_last_conv2d_matches_float64_in_torchs_layout(case, dtype):
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        _check(case, dtype, CL)
+
+
+@pytest.mark.parametrize("case", CASES[:4])
+def test_a_contiguous_dy_is_taken_too(case):
+    """Autograd may hand a channels-last output a contiguous gradient: dy is made channels-last first."""
+    _check(case, torch.bfloat16, torch.contiguous_format)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[6]])
+def test_a_channels_last_weight_gives_a_channels_last_output_as_in_torch(case):
+    _check(case, torch.bfloat16, CL, x_format=torch.contiguous_format, w_format=CL)
+
+
+def _copies(ids):
+    return [k for k in ids if k.startswith("channels_last_copy")]  # the tile transpose, either direction
+
+
+def test_the_channels_last_kernels_copy_only_the_weight():
+    """3x3 and 1x1 layers with channels in 16s: forward and backward read x and dy where they lie and write y
+    and dx there; the only layout copies are the weight's (for the forward, and transposed for dx)."""
+    for kernel, padding in (((3, 3), 1), ((1, 1), 0)):
+        case = (2, 16, 32, 6, 5, kernel, 1, padding, 1, 1, True)
+        x, w, b, options = _tensors(case, torch.bfloat16)
+        y = conv2d(x, w, b, *options)
+        y.backward(randn(*y.shape, dtype=torch.bfloat16).contiguous(memory_format=CL))
+        launched = last_kernels("conv2d")
+        ids = launched["forward"] + launched["backward"]
+        assert len(_copies(ids)) == 2, ids
+        listed = kernels_for(x.shape, w.shape, 1, padding, dtype=torch.bfloat16, bias=True, channels_last=True)
+        assert listed == ids
+        nchw = kernels_for(x.shape, w.shape, 1, padding, dtype=torch.bfloat16, bias=True)
+        assert len(_copies(nchw)) > 2 or kernel == (1, 1)
+
+
+def test_a_layer_on_nchw_kernels_copies_in_and_out():
+    """A depthwise layer reads NCHW: x and dy are copied to NCHW, y and dx back, each by the tile transpose."""
+    case = (2, 16, 16, 6, 6, (3, 3), 1, 1, 1, 16, False)
+    x, w, b, options = _tensors(case, torch.float32)
+    y = conv2d(x, w, b, *options)
+    assert y.is_contiguous(memory_format=CL) and not y.is_contiguous()
+    y.backward(randn(*y.shape).contiguous(memory_format=CL))
+    launched = last_kernels("conv2d")
+    assert [k.split("__")[0] for k in launched["forward"]] == ["channels_last_copy", "conv2d_depthwise_forward",
+                                                              "channels_last_copy"]
+    assert x.grad.is_contiguous(memory_format=CL)
+
+
+def test_empty_batch_keeps_the_layout():
+    x = torch.empty(0, 16, 5, 5, device=DEVICE).contiguous(memory_format=CL).requires_grad_()
+    w = randn(32, 16, 3, 3).contiguous(memory_format=CL)
+    y = conv2d(x, w, padding=1)
+    assert y.shape == (0, 32, 5, 5) and y.is_contiguous(memory_format=CL)
+
+
+def test_opcheck_channels_last():
+    """The custom operator's fake implementation gives the real output's strides (torch.compile relies on it)."""
+    x = randn(2, 16, 5, 5).contiguous(memory_format=CL).requires_grad_()
+    w, b = randn(32, 16, 3, 3).requires_grad_(), randn(32).requires_grad_()
+    torch.library.opcheck(torch.ops.nnkernels.conv2d.default, (x, w, b, [1, 1], [1, 1], [1, 1], 1))
+
+
+def test_wrong_channel_count_in_channels_last_is_the_clear_error():
+    x = randn(2, 12, 5, 5).contiguous(memory_format=CL)
+    with pytest.raises(ValueError, match="input: expected 16 channels"):
+        conv2d(x, randn(32, 16, 3, 3), padding=1)
