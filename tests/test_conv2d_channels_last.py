@@ -131,3 +131,22 @@ def test_wrong_channel_count_in_channels_last_is_the_clear_error():
     x = randn(2, 12, 5, 5).contiguous(memory_format=CL)
     with pytest.raises(ValueError, match="input: expected 16 channels"):
         conv2d(x, randn(32, 16, 3, 3), padding=1)
+
+
+def test_channels_last_outputs_may_be_modified_in_place():
+    """conv2d, batch_norm and avg_pool2d give channels-last outputs that are tensors of their own, not views, so
+    an in-place ReLU after them (torchvision's ResNets) is allowed by autograd and its gradient is right."""
+    from nnkernels.functional import avg_pool2d, batch_norm
+
+    x = randn(2, 16, 6, 6).contiguous(memory_format=CL).requires_grad_()
+    w, depthwise = randn(16, 16, 3, 3).requires_grad_(), randn(16, 1, 3, 3)
+    ops = [lambda t: conv2d(t, w, padding=1), lambda t: batch_norm(t, None, None, training=True),
+           lambda t: avg_pool2d(t, 2), lambda t: conv2d(t, depthwise, padding=1, groups=16)]
+    for op in ops:
+        y = op(x)
+        assert y.is_contiguous(memory_format=CL) and not y._is_view()
+        out = torch.relu_(op(x))
+        dy = randn(*out.shape).contiguous(memory_format=CL)
+        grad = torch.autograd.grad(out, x, dy)[0]
+        expected = torch.autograd.grad(torch.relu(op(x)), x, dy)[0]
+        assert torch.equal(grad, expected)

@@ -125,6 +125,15 @@ def allocator(dtype: torch.dtype, device: torch.device):
     return torch.empty(0, dtype=dtype, device=device).new_empty
 
 
+def channels_last_allocator(dtype: torch.dtype, device: torch.device):
+    """`new(n, c, h, w)`: an uninitialised [n, c, h, w] tensor stored NHWC (torch.channels_last), a tensor of its
+    own rather than a permuted view, so that autograd lets an op's channels-last output be modified in place."""
+    def new(n, c, h, w):
+        return torch.empty((n, c, h, w), dtype=dtype, device=device, memory_format=torch.channels_last)
+
+    return new
+
+
 def aligned(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor`, or a copy of it where its data is not ALIGNMENT-byte aligned (a view at an odd offset)."""
     return tensor if tensor.data_ptr() % ALIGNMENT == 0 else tensor.clone()

@@ -26,7 +26,7 @@ import torch
 
 from ..kernel import DTYPE_NAMES
 from ..launcher import Launcher
-from .common import allocator
+from .common import allocator, channels_last_allocator
 from ..ops.common.layout import channels_last_kernel, channels_last_pair_kernel, channels_last_tiles
 from ..ops.conv2d.subsample import Subsample2dBackward, Subsample2dForward, subsample_tiles
 
@@ -59,6 +59,23 @@ def channels_last_copy_kernels(shape, dtype):
 def channels_last_copy(shape, dtype, device):
     n, c, h, w = shape
     return transpose_copy(n, c, h * w, (n, h, w, c), dtype, device)
+
+
+def channels_last_result(shape, dtype, device):
+    """t, contiguous [N, C, H, W] -> the same values channels-last: an [N, C, H, W] tensor with channels-last
+    strides (`channels_last_allocator`), which the transpose writes as the NHWC array it stores."""
+    n, c, h, w = shape
+    new, kernels = channels_last_allocator(dtype, device), _transpose_kernels(n, c, h * w, dtype)
+    if not kernels:
+        return lambda t: new(n, c, h, w)
+    launch = Launcher(kernels[0])
+
+    def copy(t):
+        y = new(n, c, h, w)
+        launch(t, y.permute(0, 2, 3, 1), n, c, h * w)
+        return y
+
+    return copy
 
 
 def channels_first_copy_kernels(shape, dtype):
@@ -177,11 +194,11 @@ def nchw(t: torch.Tensor) -> torch.Tensor:
 
 def as_channels_last(t: torch.Tensor) -> torch.Tensor:
     """`t.contiguous(memory_format=torch.channels_last)` for a 4-D `t`: a contiguous `t` through
-    `channels_last_copy` (the copy's [N, H, W, C] seen as [N, C, H, W])."""
+    `channels_last_result`."""
     if t.is_contiguous(memory_format=torch.channels_last):
         return t
     if t.is_contiguous() and _transposable(t):
-        return _cached_copy(channels_last_copy, tuple(t.shape), t.dtype, t.device)(t).permute(0, 3, 1, 2)
+        return _cached_copy(channels_last_result, tuple(t.shape), t.dtype, t.device)(t)
     return t.contiguous(memory_format=torch.channels_last)
 
 

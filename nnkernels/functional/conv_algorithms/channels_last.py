@@ -17,7 +17,7 @@ from ...ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward
 from ...ops.conv2d.channels_last_dx import Conv2dGemmClDx
 from ..layout import (channels_first_copy, channels_first_copy_kernels, channels_last_copy, channels_last_copy_kernels,
                       channels_last_pair_copy, channels_last_pair_kernels, transpose_copy)
-from ..common import allocator
+from ..common import allocator, channels_last_allocator
 from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, pow2_dividing, register
 from .implicit_gemm import gemm_candidates
 from .partials import dw_split, reduce_kernel, split_sum_kernel, split_weight_gradient
@@ -159,10 +159,12 @@ def forward_runner(p, kernels, split):
     x is dy, read channels-last (`x_cl`, the backward's shared copy, where it made one), and the weight is the
     convolution's own. Of a channels-last problem y is channels-last."""
     conv, *rest = (Launcher(k) for k in kernels[len(forward_copies(p)):])
-    dtype, sizes, device, c_out = p.dtype, p.sizes, p.device, p.C_OUT
-    shape = (p.B, p.OH, p.OW, p.C_OUT) if p.nhwc else p.y_shape
+    shape, dtype, sizes, device, c_out = p.y_shape, p.dtype, p.sizes, p.device, p.C_OUT
     numel = p.B * p.C_OUT * p.OH * p.OW
-    new, new_f32 = allocator(dtype, device), allocator(torch.float32, device)
+    # y channels-last: NCHW sizes over the NHWC array the kernel writes (Y_NHWC)
+    new = channels_last_allocator(dtype, device) if p.nhwc else allocator(dtype, device)
+    new_f32 = allocator(torch.float32, device)
+    stored = _as_stored if p.nhwc else _same
     no_partials = new_f32(0)
     if p.flip_taps:
         copy_x, transposed = nhwc_operand(p, p.x_shape), dx_forward_weight(p)
@@ -180,13 +182,13 @@ def forward_runner(p, kernels, split):
         def inputs(x, weight, x_cl):
             return pair(x, weight)
 
-    as_nchw = _as_nchw if p.nhwc else _same
     if split == 1:
         def run(x, weight, bias, x_cl=None):
             x_in, w_in = inputs(x, weight, x_cl)
             y = new(*shape)
-            conv(x_in, w_in, y if bias is None else bias, y, no_partials, *sizes)
-            return as_nchw(y)
+            y_out = stored(y)
+            conv(x_in, w_in, y_out if bias is None else bias, y_out, no_partials, *sizes)
+            return y
 
         return run
     total = rest[0]
@@ -194,16 +196,12 @@ def forward_runner(p, kernels, split):
     def run_split(x, weight, bias, x_cl=None):
         x_in, w_in = inputs(x, weight, x_cl)
         y = new(*shape)
-        partial = new_f32(split, numel)
-        conv(x_in, w_in, y if bias is None else bias, y, partial, *sizes)
-        total(partial, y, y, split, numel, c_out)
-        return as_nchw(y)
+        y_out, partial = stored(y), new_f32(split, numel)
+        conv(x_in, w_in, y_out if bias is None else bias, y_out, partial, *sizes)
+        total(partial, y_out, y_out, split, numel, c_out)
+        return y
 
     return run_split
-
-
-def _as_nchw(t):
-    return t.permute(0, 3, 1, 2)  # [B, H, W, C] seen as [B, C, H, W]: torch's channels_last
 
 
 def _same(t):
@@ -259,17 +257,19 @@ class ClDx(Algorithm):
         launch = Launcher(self._product(p, config))
         copy_dy = nhwc_operand(p, p.y_shape)
         nhwc = (p.B, p.H, p.W, p.C_IN)
-        written_shape = nhwc if p.dx_nhwc else p.x_shape
-        if p.nhwc:
-            laid_out = _as_nchw  # a channels-last problem's dx is NHWC (`Problem.dx_nhwc`) and stays so
+        if p.nhwc:  # dx NHWC (`Problem.dx_nhwc`), kept so: NCHW sizes over the NHWC array the kernel writes
+            written_shape, laid_out, new = p.x_shape, _same, channels_last_allocator(p.dtype, p.device)
+            stored = _as_stored
         else:
+            written_shape = nhwc if p.dx_nhwc else p.x_shape
             laid_out = channels_first_copy(nhwc, p.dtype, p.device) if p.dx_nhwc else _same
-        sizes, new = p.sizes, allocator(p.dtype, p.device)
+            new, stored = allocator(p.dtype, p.device), _same
+        sizes = p.sizes
 
         def run(dy, weight, dy_cl):
             w_t = weight.permute(2, 3, 1, 0).contiguous()  # [KH, KW, C_IN, C_OUT]: tiny
             written = new(*written_shape)
-            launch(dy_cl if dy_cl is not None else copy_dy(dy), w_t, written, *sizes)
+            launch(dy_cl if dy_cl is not None else copy_dy(dy), w_t, stored(written), *sizes)
             return laid_out(written)
 
         return run

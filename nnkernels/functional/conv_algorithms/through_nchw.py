@@ -3,7 +3,7 @@ copied to NCHW by the tile transpose first, its output (y or dx) copied back to 
 weight's own layout and stays. The channels-last algorithms (`Algorithm.channels_last_input`) need none of it."""
 from __future__ import annotations
 
-from ..layout import channels_first_copy, channels_first_copy_kernels, channels_last_copy, channels_last_copy_kernels
+from ..layout import channels_first_copy, channels_first_copy_kernels, channels_last_copy_kernels, channels_last_result
 
 
 def _nhwc(shape):
@@ -17,8 +17,7 @@ def _to_nchw(p, shape):
 
 
 def _to_channels_last(p, shape):
-    copy = channels_last_copy(shape, p.dtype, p.device)
-    return lambda t: copy(t).permute(0, 3, 1, 2)
+    return channels_last_result(shape, p.dtype, p.device)
 
 
 def copy_kernels(p, kind: str) -> tuple[list, list]:
