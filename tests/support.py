@@ -73,15 +73,17 @@ def force_choice(monkeypatch, index, offered=None):
 def allocations_by_the_ops(monkeypatch, allocate):
     """Route the allocations nnkernels' functional ops make with `torch.empty`, `torch.empty_like` and
     `Tensor.new_empty` through `allocate(shape, dtype, device)` (only theirs: Triton's interpreter allocates
-    through the same functions for its own bookkeeping)."""
+    through the same functions for its own bookkeeping); a `memory_format` asked of `torch.empty` is kept."""
     import sys
 
-    def by_the_ops(original, shape_of):
+    def by_the_ops(original, shape_of, keeps_format=False):
         def allocation(*args, **kwargs):
             if not sys._getframe(1).f_globals.get("__name__", "").startswith("nnkernels.functional"):
                 return original(*args, **kwargs)
             shape, dtype, device = shape_of(*args, **kwargs)
-            return allocate(shape, dtype or torch.get_default_dtype(), device)
+            out = allocate(shape, dtype or torch.get_default_dtype(), device)
+            memory_format = kwargs.get("memory_format") if keeps_format else None
+            return out if memory_format is None else out.contiguous(memory_format=memory_format)
         return allocation
 
     def empty(*size, dtype=None, device=None, **_ignored):
@@ -89,7 +91,7 @@ def allocations_by_the_ops(monkeypatch, allocate):
             size = tuple(size[0])
         return tuple(size), dtype, device
 
-    monkeypatch.setattr(torch, "empty", by_the_ops(torch.empty, empty))
+    monkeypatch.setattr(torch, "empty", by_the_ops(torch.empty, empty, keeps_format=True))
     monkeypatch.setattr(torch, "empty_like", by_the_ops(
         torch.empty_like, lambda t, *, dtype=None, device=None, **_: (tuple(t.shape), dtype or t.dtype,
                                                                        device or t.device)))

@@ -46,6 +46,7 @@ class Case:
     dtype: torch.dtype = torch.float32
     tf32: bool = True  # torch.backends.cudnn.allow_tf32 during the runs
     tuned: bool = True  # False: NNKERNELS_TUNE=off, the heuristic's first guess (a path tuning might not take)
+    channels_last: bool = False  # x stored NHWC
 
 
 CONV_NCHW = ("Conv2dGemmForward", "Conv2dGemmDx", "Conv2dGemmDw", "Conv2dDwReduce")
@@ -57,6 +58,8 @@ CONV_DEPTHWISE = ("Conv2dDepthwiseForward", "Conv2dDepthwiseDx", "Conv2dDepthwis
 BN_FUSED = ("BatchNorm2dTrainForwardFused", "BatchNorm2dTrainBackwardFused")  # the forward updates the running stats
 BN_SPLIT = ("BatchNorm2dPartialStats", "BatchNorm2dTrainNormalize", "BatchNorm2dPartialGradSums",
             "BatchNorm2dTrainBackwardDx")
+BN_NHWC = ("BatchNorm2dNhwcPartialStats", "BatchNorm2dNhwcMergeStats", "BatchNorm2dNhwcNormalize",
+           "BatchNorm2dNhwcPartialGradSums", "BatchNorm2dNhwcMergeGradSums", "BatchNorm2dNhwcBackwardDx")
 
 CASES = {
     # conv2d: implicit GEMM on channels-last copies (dx whenever C_OUT is a multiple of 16: at stride 1 as the
@@ -128,6 +131,12 @@ CASES = {
     "batch_norm-eval-chunks": Case("batch_norm", dict(x=(32, 16, 32, 32)), dict(x=(2, 3, 4, 4)),
                                    ("BatchNorm2dEvalForward", "BatchNorm2dEvalBackward", "BatchNorm2dSumPartials"),
                                    dict(training=False), torch.float16),
+    # batch_norm on channels-last inputs: the NHWC kernels (the evaluation backward: the NCHW ones).
+    "batch_norm-train-nhwc-bf16": Case("batch_norm", dict(x=(32, 64, 28, 28)), dict(x=(2, 5, 3, 4)), BN_NHWC,
+                                       dict(training=True), torch.bfloat16, channels_last=True),
+    "batch_norm-eval-nhwc": Case("batch_norm", dict(x=(32, 64, 28, 28)), dict(x=(2, 5, 3, 4)),
+                                 ("BatchNorm2dNhwcEvalForward", "BatchNorm2dEvalBackward"), dict(training=False),
+                                 channels_last=True),
 }
 
 
@@ -139,6 +148,8 @@ def make_inputs(case, sizes):
         return torch.randn(shape, generator=generator).to(device=DEVICE, dtype=dtype).requires_grad_()
 
     x = rand(*sizes["x"])
+    if case.channels_last:
+        x = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
     if case.op == "conv2d":
         return [x, rand(*sizes["w"])] + ([rand(sizes["w"][0])] if case.options.get("bias") else [])
     if case.op == "batch_norm":

@@ -98,10 +98,14 @@ class BatchNormPlan:
     """What every call with one signature runs: its passes' runners, made on their first calls."""
 
     def __init__(self, x, weight, bias):
-        self.problem = BatchNormProblem(x.shape, x.dtype, x.device, machine.machine_of(x.device))
         # The layout torch gives this input's results, where it is not NCHW (channels-last, 4-D or 5-D).
         memory_format = suggest_memory_format(x)
         self.memory_format = None if memory_format == torch.contiguous_format else memory_format
+        # A channels-last 4-D input is read where it lies, except by the evaluation backward (NCHW kernels).
+        self.nhwc = memory_format == torch.channels_last and x.is_contiguous(memory_format=torch.channels_last)
+        on = machine.machine_of(x.device)
+        self.problem = BatchNormProblem(x.shape, x.dtype, x.device, on, nhwc=self.nhwc)
+        self.nchw_problem = BatchNormProblem(x.shape, x.dtype, x.device, on) if self.nhwc else self.problem
         C, device = x.shape[1], x.device
         # fp32, contiguous parameters as the kernels read them; ones and zeros where there are none.
         self.weight_ready = weight is not None and weight.dtype == F32 and weight.is_contiguous()
@@ -115,6 +119,11 @@ class BatchNormPlan:
         weight = self.ones if weight is None else weight if self.weight_ready else weight.to(F32).contiguous()
         bias = self.zeros if bias is None else bias if self.bias_ready else bias.to(F32).contiguous()
         return aligned(weight), aligned(bias)
+
+    def ready(self, t):
+        """`t` as this plan's training passes and evaluation forward read it: channels-last for an `nhwc` plan,
+        else NCHW; 16-byte aligned."""
+        return aligned(as_channels_last(t) if self.nhwc else nchw(t))
 
     def run(self, step, *args):
         switch = elsewhere(self.problem.device)
@@ -130,7 +139,8 @@ class BatchNormPlan:
     def _first(self, step, args):
         with building("batch_norm", step, self.problem.shape):
             if step not in self.runners:
-                self.runners[step], self.ids[step] = _tuned(self.problem, step, args)
+                problem = self.nchw_problem if step == "eval_backward" else self.problem
+                self.runners[step], self.ids[step] = _tuned(problem, step, args)
         return self.run(step, *args)
 
 
@@ -191,18 +201,21 @@ def _ready(x):
 
 
 def _laid_out(plan, t):
-    """`t` in the layout torch gives for the plan's input. The kernels read and write NCHW only, so a
-    channels-last input costs one copy in (`_ready`) and one copy out (here)."""
-    if plan.memory_format is None:
+    """`t` in the layout torch gives for the plan's input. Outside `nhwc` plans the kernels read and write NCHW
+    only, so an input of another layout costs one copy in (`_ready`) and one copy out (here)."""
+    if plan.memory_format is None or plan.nhwc:
         return t
     return as_channels_last(t) if plan.memory_format == torch.channels_last else t.contiguous(
         memory_format=plan.memory_format)
 
 
 def _eval_dx_laid_out(plan, dx):
-    """The evaluation backward's dx in torch's layout: NCHW on CUDA (torch 2.11's CUDA backward, measured), the
-    input's on the CPU."""
-    return dx if plan.problem.device.type == "cuda" else _laid_out(plan, dx)
+    """The evaluation backward's dx (NCHW kernels) in torch's layout: NCHW on CUDA (torch 2.11's CUDA backward,
+    measured), the input's on the CPU."""
+    if plan.problem.device.type == "cuda" or plan.memory_format is None:
+        return dx
+    return as_channels_last(dx) if plan.memory_format == torch.channels_last else dx.contiguous(
+        memory_format=plan.memory_format)
 
 
 def _param_grads(param_dtypes, dweight, dbias):
@@ -226,7 +239,7 @@ class _Train(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, plan, running, momentum, eps):
-        ready = _ready(x)
+        ready = plan.ready(x)
         weight32, bias32 = plan.params(weight, bias)
         if running is None:
             y, mean, rstd, _ = plan.run("train_forward", ready, weight32, bias32, None, None, eps, momentum)
@@ -241,7 +254,7 @@ class _Train(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: torch's formula, differentiable
             dx, dweight, dbias = batch_norm_train_grads(dy, x, weight, ctx.eps)
         else:
-            dx, dweight, dbias = ctx.plan.run("train_backward", _ready(dy), ready, weight32, mean, rstd)
+            dx, dweight, dbias = ctx.plan.run("train_backward", ctx.plan.ready(dy), ready, weight32, mean, rstd)
             dx = _laid_out(ctx.plan, dx)
         return dx, *_param_grads(ctx.param_dtypes, dweight, dbias), None, None, None, None
 
@@ -251,7 +264,7 @@ class _Eval(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, plan, running, eps):
-        ready = _ready(x)
+        ready = plan.ready(x)
         weight32, bias32 = plan.params(weight, bias)
         y = plan.run("eval_forward", ready, weight32, bias32, *running, eps)
         _save(ctx, plan, eps, weight, bias, ready, weight32, *running, x, weight)
@@ -263,8 +276,8 @@ class _Eval(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: torch's formula, differentiable
             dx, dweight, dbias = batch_norm_eval_grads(dy, x, weight, running_mean, running_var, ctx.eps)
         else:
-            dx, dweight, dbias = ctx.plan.run("eval_backward", _ready(dy), ready, weight32, running_mean, running_var,
-                                              ctx.eps)
+            dx, dweight, dbias = ctx.plan.run("eval_backward", _ready(dy), _ready(ready), weight32, running_mean,
+                                              running_var, ctx.eps)
             dx = _eval_dx_laid_out(ctx.plan, dx)
         return dx, *_param_grads(ctx.param_dtypes, dweight, dbias), None, None, None
 
@@ -330,7 +343,7 @@ def batch_norm_train_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: O
                         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Training forward: y, and the batch mean, rstd = 1/sqrt(var + eps) and unbiased variance (fp32, [C])."""
     plan = _plan(x, weight, bias, None, None, True)
-    y, *stats = plan.run("train_forward", _ready(x), *plan.params(weight, bias), None, None, eps, 0.0)
+    y, *stats = plan.run("train_forward", plan.ready(x), *plan.params(weight, bias), None, None, eps, 0.0)
     return _laid_out(plan, y), *stats
 
 
@@ -351,7 +364,7 @@ def batch_norm_train_update_op(x: torch.Tensor, weight: Optional[torch.Tensor], 
         raise RuntimeError("Trying to backward through nnkernels.batch_norm_train_update, which has no autograd "
                            "formula: call nnkernels.batch_norm, which differentiates it")
     plan = _plan(x, weight, bias, running_mean, running_var, True)
-    y, mean, rstd, _ = plan.run("train_forward_update", _ready(x), *plan.params(weight, bias), running_mean,
+    y, mean, rstd, _ = plan.run("train_forward_update", plan.ready(x), *plan.params(weight, bias), running_mean,
                                 running_var, eps, momentum)
     return _laid_out(plan, y), mean, rstd
 
@@ -366,7 +379,8 @@ def batch_norm_train_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: Opti
                                  rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Training backward: dx (the full formula through the batch statistics), dweight, dbias (fp32)."""
     plan = _plan(x, weight, None, None, None, True)
-    dx, dweight, dbias = plan.run("train_backward", _ready(dy), _ready(x), plan.params(weight, None)[0], mean, rstd)
+    dx, dweight, dbias = plan.run("train_backward", plan.ready(dy), plan.ready(x), plan.params(weight, None)[0], mean,
+                                  rstd)
     return _laid_out(plan, dx), dweight, dbias
 
 
@@ -396,8 +410,8 @@ def batch_norm_eval_op(x: torch.Tensor, running_mean: torch.Tensor, running_var:
                        weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     """Inference forward: y = (x - running_mean) * weight / sqrt(running_var + eps) + bias."""
     plan = _plan(x, weight, bias, running_mean, running_var, False)
-    return _laid_out(plan, plan.run("eval_forward", _ready(x), *plan.params(weight, bias), running_mean, running_var,
-                                    eps))
+    return _laid_out(plan, plan.run("eval_forward", plan.ready(x), *plan.params(weight, bias), running_mean,
+                                    running_var, eps))
 
 
 @register_fake("batch_norm_eval")

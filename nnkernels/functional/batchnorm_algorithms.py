@@ -21,6 +21,7 @@ from ..ops.batch_norm.train import (BatchNorm2dPartialGradSums, BatchNorm2dParti
                                     BatchNorm2dTrainBackwardFused, BatchNorm2dTrainForwardFused,
                                     BatchNorm2dTrainNormalize)
 from ..ops.common.host_math import cdiv, next_power_of_2
+from . import batchnorm_nhwc as nhwc
 from .common import allocator, kernel, stored_config
 
 F32 = torch.float32
@@ -192,6 +193,8 @@ def _grouped(problem, config):
 # ---- runners: what one call of a pass launches, for one config ----
 
 def train_forward_kernels(problem, config, update_running):
+    if problem.nhwc:
+        return nhwc.train_forward_kernels(problem, config, update_running)
     if problem.fused:
         return [_grouped_kernel(BatchNorm2dTrainForwardFused, problem.dtype, _grouped(problem, config),
                                 config.num_warps, (update_running,))]
@@ -206,6 +209,8 @@ def train_forward_runner(problem, config, update_running):
     """run(x, weight, bias, running_mean, running_var, eps, momentum) -> (y, mean, rstd, var_unbiased), updating the
     running statistics in place when `update_running` (in the grouped kernel's one pass, in the split's second).
     weight and bias are fp32."""
+    if problem.nhwc:
+        return nhwc.train_forward_runner(problem, config, update_running)
     B, C, HW = problem.dims
     launches = [Launcher(k) for k in train_forward_kernels(problem, config, update_running)]
     shape, new, new_f32 = problem.shape, allocator(problem.dtype, problem.device), allocator(F32, problem.device)
@@ -242,6 +247,8 @@ def train_forward_runner(problem, config, update_running):
 
 
 def train_backward_kernels(problem, config):
+    if problem.nhwc:
+        return nhwc.train_backward_kernels(problem, config)
     if problem.fused:
         return [_grouped_kernel(BatchNorm2dTrainBackwardFused, problem.dtype, _grouped(problem, config),
                                 config.num_warps)]
@@ -254,6 +261,8 @@ def train_backward_kernels(problem, config):
 
 def train_backward_runner(problem, config):
     """run(dy, x, weight, mean, rstd) -> (dx, dweight, dbias), the parameter gradients in fp32."""
+    if problem.nhwc:
+        return nhwc.train_backward_runner(problem, config)
     B, C, HW = problem.dims
     launches = [Launcher(k) for k in train_backward_kernels(problem, config)]
     shape, new, new_f32 = problem.shape, allocator(problem.dtype, problem.device), allocator(F32, problem.device)
@@ -289,6 +298,8 @@ def _eval_plan(problem):
 
 
 def eval_forward_kernels(problem, config):
+    if problem.nhwc:
+        return nhwc.eval_forward_kernels(problem, config)
     if problem.fused:
         return [_grouped_kernel(BatchNorm2dEvalForwardGrouped, problem.dtype, _grouped(problem, config),
                                 config.num_warps)]
@@ -298,6 +309,8 @@ def eval_forward_kernels(problem, config):
 
 def eval_forward_runner(problem, config):
     """run(x, weight, bias, running_mean, running_var, eps) -> y."""
+    if problem.nhwc:
+        return nhwc.eval_forward_runner(problem, config)
     B, C, HW = problem.dims
     launch = Launcher(eval_forward_kernels(problem, config)[0])
     shape, new = problem.shape, allocator(problem.dtype, problem.device)
@@ -360,18 +373,24 @@ def eval_backward_runner(problem, config):
 
 class BatchNormProblem:
     """A batch norm's sizes, x viewed as [B, C, HW] (any input of 2 or more dimensions, as torch takes it), on
-    `device`; `fused` says whether a channel fits one grouped tile."""
+    `device`; `nhwc` whether x is a channels-last 4-D tensor that the channels-last kernels read where it lies
+    (training and the evaluation forward), `fused` whether a channel fits one grouped tile (NCHW only)."""
 
-    def __init__(self, shape, dtype, device, machine):
+    def __init__(self, shape, dtype, device, machine, nhwc=False):
         B, C = shape[0], shape[1]
-        self.shape, self.dtype, self.device, self.machine = tuple(shape), dtype, device, machine
+        self.shape, self.dtype, self.device, self.machine, self.nhwc = tuple(shape), dtype, device, machine, nhwc
         self.dims = (B, C, math.prod(shape) // (B * C) if B * C else 0)
+        self.rows = B * self.dims[2]
         self.element_size = dtype.itemsize
-        self.fused = fits_one_tile(B, self.dims[2], machine)
-        self.key = (*self.dims, str(dtype))
+        self.fused = not nhwc and fits_one_tile(B, self.dims[2], machine)
+        self.key = (*self.dims, str(dtype)) + (("nhwc",) if nhwc else ())
 
     def candidates(self, step):
         """The configs tuning chooses among for `step`, and how a stored one is read back."""
+        if self.nhwc:
+            if step in SPLIT_SHAPES:
+                return (lambda: nhwc.nhwc_candidates(self.dims[1], self.machine)), stored_config(nhwc.NhwcConfig)
+            return (lambda: [None]), None  # the evaluation forward: one elementwise launch
         if self.fused:
             grouped = lambda: grouped_candidates(*self.dims, self.element_size, self.machine, step=step)  # noqa: E731
             return grouped, stored_config(GroupedConfig)
@@ -380,7 +399,7 @@ class BatchNormProblem:
         return (lambda: [None]), None  # the split evaluation passes: one plan, nothing to tune
 
     def kind(self, step):
-        return f"batch_norm_{step}_{'grouped' if self.fused else 'split'}"
+        return f"batch_norm_{step}_{'nhwc' if self.nhwc else 'grouped' if self.fused else 'split'}"
 
 
 # ---- runners of the synchronised training passes (`sync_batchnorm`): the split kernels with the partials

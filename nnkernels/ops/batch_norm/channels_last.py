@@ -1,0 +1,347 @@
+"""Channels-last batch norm: x read where it lies, as [M, C] rows (M = B*H*W) with the channels contiguous.
+
+A tile is BLOCK_M rows by BLOCK_C consecutive channels: every row a contiguous run of BLOCK_C elements, rows C
+apart. A reduction over M takes three launches: a split pass writes per-chunk partials (program (cb, chunk) owns
+channels cb*BLOCK_C.. and rows [chunk*ROWS_PER_CHUNK, (chunk+1)*ROWS_PER_CHUNK)), a merge pass combines each
+channel's partials in one fixed order (results bitwise reproducible), and an elementwise pass over [M, C] tiles
+applies them. Partials are fp32, [C, chunks] per row of one `partials` buffer, the rows ROW_STRIDE apart.
+
+Forward:    mean, var = batch mean and biased variance; rstd = 1/sqrt(var + eps);
+            y = (x - mean) * weight * rstd + bias; also saved: mean, rstd, var * M/(M-1).
+Backward:   dbias = sum(dy); dweight = rstd * sum(dy * (x - mean));
+            dx = weight*rstd*(dy - dbias/M) - (x - mean) * weight*rstd^2 * dweight/M.
+Evaluation: y = (x - running_mean) * weight / sqrt(running_var + eps) + bias.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ...kernel import kernel_object
+from ..common.checks import check_numel
+from ..common.host_math import cdiv
+
+F32 = torch.float32
+
+
+def _check_rows(a, names):
+    for name in names:
+        if hasattr(a, name):
+            check_numel(name, getattr(a, name), a.M * a.C, "M*C")
+
+
+def _check_channels(a, names):
+    for name in names:
+        if hasattr(a, name):
+            check_numel(name, getattr(a, name), a.C, "C")
+
+
+def _chunks(a):
+    if a.ROWS_PER_CHUNK < 1:
+        raise ValueError(f"ROWS_PER_CHUNK: expected at least 1, got {a.ROWS_PER_CHUNK}")
+    chunks = cdiv(a.M, a.ROWS_PER_CHUNK)
+    if chunks > 65535:
+        raise ValueError(f"ROWS_PER_CHUNK: {chunks} chunks exceed the 65535 of the grid's second axis")
+    return chunks
+
+
+def _check_partials(a, rows, length):
+    if a.ROW_STRIDE < length:
+        raise ValueError(f"ROW_STRIDE: expected at least the {length} values of a row, got {a.ROW_STRIDE}")
+    needed = (rows - 1) * a.ROW_STRIDE + length
+    if a.partials.numel() < needed:
+        raise ValueError(f"partials: expected at least {rows - 1}*ROW_STRIDE + {length} = {needed} elements "
+                         f"({rows} rows), got {a.partials.numel()}")
+
+
+def split_entry(rows):
+    """A split pass writing `rows` rows of partials: grid [cdiv(C, BLOCK_C), cdiv(M, ROWS_PER_CHUNK)]."""
+    def entry(k, a):
+        _check_rows(a, ("x", "dy"))
+        _check_channels(a, ("mean",))
+        chunks = _chunks(a)
+        _check_partials(a, rows, a.C * chunks)
+        return (cdiv(a.C, k.block_c), chunks)
+
+    return entry
+
+
+def merge_entry(rows):
+    """A merge pass reading `rows` rows of NUM_PARTIALS partials per channel: grid [cdiv(C, BLOCK_C)]."""
+    def entry(k, a):
+        if a.NUM_PARTIALS < 1:
+            raise ValueError(f"NUM_PARTIALS: expected at least 1, got {a.NUM_PARTIALS}")
+        _check_partials(a, rows, a.C * a.NUM_PARTIALS)
+        if hasattr(a, "x") and a.x.numel() < a.C:  # the merge reads the first row of x, the shift of the partials
+            raise ValueError(f"x: expected at least a row of C = {a.C} elements, got {a.x.numel()}")
+        _check_channels(a, ("mean", "rstd", "var_unbiased", "running_mean", "running_var", "dweight", "dbias"))
+        if hasattr(a, "eps") and not a.eps >= 0:
+            raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
+        return (cdiv(a.C, k.block_c),)
+
+    return entry
+
+
+def elementwise_entry(k, a):
+    """Grid [cdiv(C, BLOCK_C) * cdiv(M, BLOCK_M)], one dimension (no 65535 limit on the rows)."""
+    _check_rows(a, ("x", "y", "dy", "dx"))
+    _check_channels(a, ("weight", "bias", "mean", "rstd", "dweight", "dbias", "running_mean", "running_var"))
+    if hasattr(a, "eps") and not a.eps >= 0:
+        raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
+    return (cdiv(a.C, k.block_c) * cdiv(a.M, k.block_m),)
+
+
+@triton.jit
+def nhwc_tile(rows, c, M, C):
+    """The [rows, channels] offsets rows*C + c (int64) and the mask of those inside [M, C]."""
+    inside = (rows < M)[:, None] & (c < C)[None, :]
+    return (rows.to(tl.int64) * C)[:, None] + c[None, :], inside
+
+
+@triton.jit
+def elementwise_tile(M, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program p's tile of an elementwise pass: channel block p % cdiv(C, BLOCK_C), row block p // that.
+    Returns the channels, whether each is < C, the offsets and the mask."""
+    channel_blocks = tl.cdiv(C, BLOCK_C)
+    p = tl.program_id(0)
+    c = (p % channel_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rows = (p // channel_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offsets, inside = nhwc_tile(rows, c, M, C)
+    return c, c < C, offsets, inside
+
+
+@triton.jit
+def batch_norm2d_nhwc_partial_stats(
+    x, partials, M, C, ROWS_PER_CHUNK, ROW_STRIDE,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Per-chunk count, mean and M2 (sum of squared deviations) of each channel of x, in fp32.
+
+    Means are taken of x - x[0, c] (the channel's first value, the same for every chunk), so that a mean far
+    from zero against its spread keeps its digits; batch_norm2d_nhwc_merge_stats adds it back.
+    Grid: [cdiv(C, BLOCK_C), chunks]. Program (cb, chunk) walks its rows BLOCK_M at a time; each of the
+    [BLOCK_M, BLOCK_C] lanes keeps Welford's running mean and M2 of the rows it meets
+    (delta = x - mean; mean += delta / n; M2 += delta * (x - mean)), n counted per row. The lanes of a channel are
+    then merged by the parallel formula (n = sum n_l, mean = sum n_l*mean_l / n, M2 = sum M2_l + sum n_l*(mean_l -
+    mean)^2). Writes partials[r*ROW_STRIDE + c*chunks + chunk] for rows r = 0, 1, 2: count, mean, M2.
+    """
+    chunk = tl.program_id(1)
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    shift = tl.load(x + c, mask=c < C, other=0.0).to(tl.float32)
+    first = chunk * ROWS_PER_CHUNK
+    last = tl.minimum(first + ROWS_PER_CHUNK, M)
+    lane_count = tl.zeros([BLOCK_M], dtype=tl.float32)
+    lane_mean = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+    lane_m2 = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+    for row0 in range(first, last, BLOCK_M):
+        rows = row0 + tl.arange(0, BLOCK_M)
+        offsets, inside = nhwc_tile(rows, c, last, C)
+        xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32) - shift[None, :]
+        lane_count += tl.where(rows < last, 1.0, 0.0)
+        delta = tl.where(inside, xv - lane_mean, 0.0)
+        lane_mean += delta * tl.div_rn(1.0, tl.maximum(lane_count, 1.0))[:, None]
+        lane_m2 += tl.where(inside, delta * (xv - lane_mean), 0.0)
+    count = tl.sum(lane_count, axis=0)
+    mean = tl.sum(lane_mean * lane_count[:, None], axis=0) / count
+    spread = lane_mean - mean[None, :]
+    m2 = tl.sum(lane_m2, axis=0) + tl.sum(spread * spread * lane_count[:, None], axis=0)
+    slot = c * tl.num_programs(1) + chunk
+    c_in = c < C
+    tl.store(partials + slot, tl.zeros([BLOCK_C], dtype=tl.float32) + count, mask=c_in)
+    tl.store(partials + ROW_STRIDE + slot, mean, mask=c_in)
+    tl.store(partials + 2 * ROW_STRIDE + slot, m2, mask=c_in)
+
+
+@triton.jit
+def batch_norm2d_nhwc_merge_stats(
+    x, partials, mean, rstd, var_unbiased, running_mean, running_var, C, NUM_PARTIALS, ROW_STRIDE, eps, momentum,
+    BLOCK_C: tl.constexpr, BLOCK_PARTIALS: tl.constexpr, UPDATE_RUNNING: tl.constexpr,
+):
+    """Training forward, merge pass: a channel's statistics from its NUM_PARTIALS partials.
+
+    Grid: [cdiv(C, BLOCK_C)]. For each channel c of its block, in BLOCK_PARTIALS-wide steps over the partials
+    (count n_i, mean_i, M2_i of x - x[0, c], as batch_norm2d_nhwc_partial_stats wrote them), by the corrected
+    parallel formula: n = sum n_i, m = sum n_i*mean_i / n, s_i = mean_i - m, mean = x[0, c] + m + sum n_i*s_i / n,
+    M2 = sum M2_i + sum n_i*s_i^2 - (sum n_i*s_i)^2 / n. Writes mean[c], rstd[c] = 1/sqrt(M2/n + eps) and
+    var_unbiased[c] = M2/(n - 1); with UPDATE_RUNNING, running = (1 - momentum) * running + momentum * statistic
+    (mean; var_unbiased) in place, as torch does (without it the running pointers are not touched).
+    """
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_in = c < C
+    count = tl.zeros([BLOCK_C], dtype=tl.float32)
+    weighted = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for p0 in range(0, NUM_PARTIALS, BLOCK_PARTIALS):
+        p = p0 + tl.arange(0, BLOCK_PARTIALS)
+        at = partials + c[:, None] * NUM_PARTIALS + p[None, :]
+        present = c_in[:, None] & (p < NUM_PARTIALS)[None, :]
+        counts = tl.load(at, mask=present, other=0.0)
+        count += tl.sum(counts, axis=1)
+        weighted += tl.sum(counts * tl.load(at + ROW_STRIDE, mask=present, other=0.0), axis=1)
+    rough_mean = weighted / tl.maximum(count, 1.0)
+    residual = tl.zeros([BLOCK_C], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for p0 in range(0, NUM_PARTIALS, BLOCK_PARTIALS):
+        p = p0 + tl.arange(0, BLOCK_PARTIALS)
+        at = partials + c[:, None] * NUM_PARTIALS + p[None, :]
+        present = c_in[:, None] & (p < NUM_PARTIALS)[None, :]
+        counts = tl.load(at, mask=present, other=0.0)
+        spread = tl.where(present, tl.load(at + ROW_STRIDE, mask=present, other=0.0) - rough_mean[:, None], 0.0)
+        residual += tl.sum(counts * spread, axis=1)
+        m2 += tl.sum(tl.load(at + 2 * ROW_STRIDE, mask=present, other=0.0) + counts * spread * spread, axis=1)
+    count = tl.maximum(count, 1.0)
+    m2 = m2 - residual * residual / count
+    batch_mean = tl.load(x + c, mask=c_in, other=0.0).to(tl.float32) + (rough_mean + residual / count)
+    batch_var_unbiased = m2 / tl.maximum(count - 1.0, 1.0)  # the op refuses one value per channel in training
+    tl.store(mean + c, batch_mean, mask=c_in)
+    variance = tl.where(c_in, m2 / count, 1.0)  # 1 past C: no division by zero where eps is 0
+    tl.store(rstd + c, tl.div_rn(1.0, tl.sqrt_rn(variance + eps)), mask=c_in)
+    tl.store(var_unbiased + c, batch_var_unbiased, mask=c_in)
+    if UPDATE_RUNNING:
+        old_mean = tl.load(running_mean + c, mask=c_in)
+        old_var = tl.load(running_var + c, mask=c_in)
+        tl.store(running_mean + c, (1.0 - momentum) * old_mean + momentum * batch_mean, mask=c_in)
+        tl.store(running_var + c, (1.0 - momentum) * old_var + momentum * batch_var_unbiased, mask=c_in)
+
+
+@triton.jit
+def batch_norm2d_nhwc_normalize(
+    x, y, weight, bias, mean, rstd, M, C,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Training forward, elementwise pass: y = (x - mean[c]) * (weight[c] * rstd[c]) + bias[c], in fp32.
+
+    Grid: [cdiv(C, BLOCK_C) * cdiv(M, BLOCK_M)]; program p writes the tile of `elementwise_tile`. Every y is
+    written.
+    """
+    c, c_in, offsets, inside = elementwise_tile(M, C, BLOCK_M, BLOCK_C)
+    scale = tl.load(weight + c, mask=c_in, other=0.0) * tl.load(rstd + c, mask=c_in, other=0.0)
+    channel_mean = tl.load(mean + c, mask=c_in, other=0.0)
+    shift = tl.load(bias + c, mask=c_in, other=0.0)
+    xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+    yv = (xv - channel_mean[None, :]) * scale[None, :] + shift[None, :]
+    tl.store(y + offsets, yv.to(y.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def batch_norm2d_nhwc_eval_forward(
+    x, y, weight, bias, running_mean, running_var, M, C, eps,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Evaluation forward: y = (x - running_mean[c]) * (weight[c] * rstd[c]) + bias[c],
+    rstd = 1/sqrt(running_var[c] + eps), in fp32.
+
+    Grid: [cdiv(C, BLOCK_C) * cdiv(M, BLOCK_M)]; program p writes the tile of `elementwise_tile`. Every y is
+    written.
+    """
+    c, c_in, offsets, inside = elementwise_tile(M, C, BLOCK_M, BLOCK_C)
+    channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.load(running_var + c, mask=c_in, other=1.0) + eps))
+    scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
+    channel_mean = tl.load(running_mean + c, mask=c_in, other=0.0)
+    shift = tl.load(bias + c, mask=c_in, other=0.0)
+    xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+    yv = (xv - channel_mean[None, :]) * scale[None, :] + shift[None, :]
+    tl.store(y + offsets, yv.to(y.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def batch_norm2d_nhwc_partial_grad_sums(
+    dy, x, mean, partials, M, C, ROWS_PER_CHUNK, ROW_STRIDE,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Training backward, split pass: per-chunk sums of dy and dy * (x - mean[c]) in fp32.
+
+    Grid: [cdiv(C, BLOCK_C), chunks]. Program (cb, chunk) accumulates its rows lane by lane, then sums the lanes
+    of each channel; writes partials[c*chunks + chunk] = its sum of dy and partials[ROW_STRIDE + c*chunks + chunk]
+    = its sum of dy * (x - mean).
+    """
+    chunk = tl.program_id(1)
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_in = c < C
+    channel_mean = tl.load(mean + c, mask=c_in, other=0.0)
+    first = chunk * ROWS_PER_CHUNK
+    last = tl.minimum(first + ROWS_PER_CHUNK, M)
+    sum_dy = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+    sum_dy_xmu = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+    for row0 in range(first, last, BLOCK_M):
+        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, last, C)
+        dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
+        xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+        sum_dy += dyv
+        sum_dy_xmu += dyv * tl.where(inside, xv - channel_mean[None, :], 0.0)
+    slot = c * tl.num_programs(1) + chunk
+    tl.store(partials + slot, tl.sum(sum_dy, axis=0), mask=c_in)
+    tl.store(partials + ROW_STRIDE + slot, tl.sum(sum_dy_xmu, axis=0), mask=c_in)
+
+
+@triton.jit
+def batch_norm2d_nhwc_merge_grad_sums(
+    partials, rstd, dweight, dbias, C, NUM_PARTIALS, ROW_STRIDE,
+    BLOCK_C: tl.constexpr, BLOCK_PARTIALS: tl.constexpr,
+):
+    """Training backward, merge pass: dbias[c] = sum of the sum_dy partials, dweight[c] = rstd[c] * sum of the
+    sum_dy_xmu partials (rows 0 and 1 of `partials`), summed in BLOCK_PARTIALS-wide steps in a fixed order.
+
+    Grid: [cdiv(C, BLOCK_C)].
+    """
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_in = c < C
+    sum_dy = tl.zeros([BLOCK_C], dtype=tl.float32)
+    sum_dy_xmu = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for p0 in range(0, NUM_PARTIALS, BLOCK_PARTIALS):
+        p = p0 + tl.arange(0, BLOCK_PARTIALS)
+        at = partials + c[:, None] * NUM_PARTIALS + p[None, :]
+        present = c_in[:, None] & (p < NUM_PARTIALS)[None, :]
+        sum_dy += tl.sum(tl.load(at, mask=present, other=0.0), axis=1)
+        sum_dy_xmu += tl.sum(tl.load(at + ROW_STRIDE, mask=present, other=0.0), axis=1)
+    tl.store(dbias + c, sum_dy, mask=c_in)
+    tl.store(dweight + c, sum_dy_xmu * tl.load(rstd + c, mask=c_in, other=0.0), mask=c_in)
+
+
+@triton.jit
+def batch_norm2d_nhwc_backward_dx(
+    dy, x, dx, weight, mean, rstd, dweight, dbias, M, C,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Training backward, elementwise pass, in fp32:
+        dx = weight*rstd*(dy - dbias/M) - (x - mean) * weight*rstd^2 * dweight/M
+    (dbias and dweight as batch_norm2d_nhwc_merge_grad_sums wrote them).
+
+    Grid: [cdiv(C, BLOCK_C) * cdiv(M, BLOCK_M)]; program p writes the tile of `elementwise_tile`. Every dx is
+    written.
+    """
+    c, c_in, offsets, inside = elementwise_tile(M, C, BLOCK_M, BLOCK_C)
+    count = tl.cast(M, tl.float32)
+    channel_rstd = tl.load(rstd + c, mask=c_in, other=0.0)
+    dy_scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
+    dy_shift = dy_scale * tl.load(dbias + c, mask=c_in, other=0.0) / count
+    xmu_scale = dy_scale * channel_rstd * tl.load(dweight + c, mask=c_in, other=0.0) / count
+    channel_mean = tl.load(mean + c, mask=c_in, other=0.0)
+    dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
+    xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+    dxv = dyv * dy_scale[None, :] - dy_shift[None, :] - (xv - channel_mean[None, :]) * xmu_scale[None, :]
+    tl.store(dx + offsets, dxv.to(dx.dtype.element_ty), mask=inside)
+
+
+_STATS = {n: F32 for n in ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias", "running_mean",
+                           "running_var", "partials")}
+_ELEMENTWISE = (elementwise_tile, nhwc_tile)
+
+BatchNorm2dNhwcPartialStats = kernel_object(
+    batch_norm2d_nhwc_partial_stats, entry=split_entry(3), example=(32, 64), pointer_dtypes=_STATS,
+    helpers=(nhwc_tile,))
+BatchNorm2dNhwcMergeStats = kernel_object(
+    batch_norm2d_nhwc_merge_stats, entry=merge_entry(3), example=(32, 64, True), floats=("eps", "momentum"),
+    pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",))
+BatchNorm2dNhwcNormalize = kernel_object(
+    batch_norm2d_nhwc_normalize, entry=elementwise_entry, example=(32, 64), pointer_dtypes=_STATS,
+    helpers=_ELEMENTWISE)
+BatchNorm2dNhwcEvalForward = kernel_object(
+    batch_norm2d_nhwc_eval_forward, entry=elementwise_entry, example=(32, 64), floats=("eps",),
+    pointer_dtypes=_STATS, helpers=_ELEMENTWISE)
+BatchNorm2dNhwcPartialGradSums = kernel_object(
+    batch_norm2d_nhwc_partial_grad_sums, entry=split_entry(2), example=(32, 64), pointer_dtypes=_STATS,
+    helpers=(nhwc_tile,))
+BatchNorm2dNhwcMergeGradSums = kernel_object(
+    batch_norm2d_nhwc_merge_grad_sums, entry=merge_entry(2), example=(64, 64), pointer_dtypes=_STATS)
+BatchNorm2dNhwcBackwardDx = kernel_object(
+    batch_norm2d_nhwc_backward_dx, entry=elementwise_entry, example=(32, 64), pointer_dtypes=_STATS,
+    helpers=_ELEMENTWISE)
