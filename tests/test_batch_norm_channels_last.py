@@ -9,7 +9,7 @@ from nnkernels.functional import batchnorm as bn
 from nnkernels.functional import batchnorm_nhwc as nhwc
 from nnkernels.functional import clear_plans, last_kernels
 from nnkernels.ops.batch_norm.channels_last import BatchNorm2dNhwcNormalize, BatchNorm2dNhwcPartialStats
-from support import DTYPES, assert_close, dtype_id, poisoned, randn
+from support import DEVICE, DTYPES, assert_close, dtype_id, poisoned, randn
 
 STATS_TOL = 2e-5
 CL = torch.channels_last
@@ -85,7 +85,7 @@ def test_every_channels_last_candidate_is_correct(dtype, monkeypatch, gpu_lists)
     B, C, H, W = 4, 40, 9, 11
     x = _channels_last((randn(B, C, H, W) * 2 + 3).to(dtype))
     weight, bias, dy = randn(C), randn(C), _channels_last(randn(B, C, H, W, dtype=dtype))
-    zeros, ones = torch.zeros(C, dtype=torch.float64), torch.ones(C, dtype=torch.float64)
+    zeros, ones = (torch.full((C,), v, dtype=torch.float64, device=DEVICE) for v in (0.0, 1.0))
     y64, dx64, dw64, db64 = _reference(x, weight, bias, dy, True, zeros, ones)
     candidates = nhwc.nhwc_candidates(C, gpu_lists)
     assert len(set(candidates)) == len(candidates) >= 4
