@@ -1,10 +1,13 @@
 """ResNet-50 training steps (batch 64, bf16 autocast, SGD with momentum), ms per eager step, torch and nnkernels
-in NCHW and channels_last, in one process: the mean of 20 steps after 5, host timed around a synchronize.
+in NCHW and channels_last, each way in a process of its own (so that no way inherits another's allocator state):
+the mean of 20 steps after 5, host timed around a synchronize.
 
     PYTHONPATH=. python tools/channels_last_step.py   (GPU; needs torchvision; writes $OUT/clstep.json if OUT is set)
 """
 import json
 import os
+import subprocess
+import sys
 import time
 
 import torch
@@ -38,15 +41,21 @@ def step_ms(model, channels_last, steps=20, warmup=5):
     return (time.perf_counter() - began) / steps * 1e3
 
 
+MODELS = {"torch": lambda: torchvision.models.resnet50().cuda(),
+          "nnkernels": lambda: nnkernels.convert(torchvision.models.resnet50()).cuda()}
+
+
 def main():
-    torch.backends.cudnn.benchmark = True
+    if len(sys.argv) == 3:  # one way, in this process: print its ms
+        torch.backends.cudnn.benchmark = True
+        print(step_ms(MODELS[sys.argv[1]](), sys.argv[2] == "channels_last"))
+        return
     rows = {}
-    for name, make in (("torch", lambda: torchvision.models.resnet50().cuda()),
-                       ("nnkernels", lambda: nnkernels.convert(torchvision.models.resnet50()).cuda())):
-        for channels_last in (False, True):
-            label = f"{name} {'channels_last' if channels_last else 'NCHW'}"
-            rows[label] = step_ms(make(), channels_last)
-            print(f"{label}: {rows[label]:.1f} ms", flush=True)
+    for name in MODELS:
+        for layout in ("NCHW", "channels_last"):
+            run = subprocess.run([sys.executable, __file__, name, layout], capture_output=True, text=True, check=True)
+            rows[f"{name} {layout}"] = float(run.stdout.split()[-1])
+            print(f"{name} {layout}: {rows[f'{name} {layout}']:.1f} ms", flush=True)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "clstep.json"), "w") as f:
             json.dump(rows, f)

@@ -1,9 +1,10 @@
 """Where a ResNet-50 training step's GPU time goes: every kernel of the converted model's step
 and of torch's, with its total µs per step (torch.profiler, mean of 3 steps after 3), grouped.
 
-    PYTHONPATH=. python3 tools/resnet_step_profile.py [--batch 64]
+    PYTHONPATH=. python3 tools/resnet_step_profile.py [--batch 64] [--channels-last]
 
-Same step as `nnkernels bench models resnet50` (bf16 autocast, SGD, NCHW), run eagerly: each
+Same step as `nnkernels bench models resnet50` (bf16 autocast, SGD; NCHW, or with model and images in
+torch.channels_last), run eagerly: each
 kernel's own GPU time does not depend on how it was launched, so the per-kernel sums show what
 a CUDA-graph replay of the step spends, less the gaps. Prints, per side, the time per group
 (convolution forward / data gradient / weight gradient, layout copies, batch norm, pooling, the
@@ -41,6 +42,7 @@ def group_of(name: str) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--channels-last", action="store_true", help="model and images in torch.channels_last")
     args = parser.parse_args()
     import torchvision
 
@@ -51,6 +53,9 @@ def main():
     ours = convert(copy.deepcopy(reference))
     images = torch.randn(args.batch, 3, IMAGE_SIZE, IMAGE_SIZE, device="cuda")
     labels = torch.randint(0, NUM_CLASSES, (args.batch,), device="cuda")
+    if args.channels_last:
+        reference, ours = (m.to(memory_format=torch.channels_last) for m in (reference, ours))
+        images = images.contiguous(memory_format=torch.channels_last)
     for side, model in (("ours", ours), ("torch", reference)):
         totals = harness.kernel_times(make_step(model, images, labels), STEPS)
         groups = collections.Counter()

@@ -42,6 +42,7 @@ def cases(device, dtype):
         return torch.randn(*shape, device=device, dtype=options.get("dtype", dtype)).requires_grad_()
 
     x, x256 = leaf(2, 64, 8, 8), leaf(2, 256, 8, 8)
+    x_cl = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
     w3, w1, wd, ws = leaf(64, 64, 3, 3), leaf(256, 64, 1, 1), leaf(64, 1, 3, 3), leaf(64, 256, 3, 3)
     weight, bias = leaf(64, dtype=torch.float32), leaf(64, dtype=torch.float32)
     stats = (torch.zeros(64, device=device), torch.ones(64, device=device))
@@ -55,8 +56,8 @@ def cases(device, dtype):
     def conv(fn, w, **options):
         return step(lambda: fn(x, w, **options), (x, w))
 
-    def batch_norm(fn, training):
-        return step(lambda: fn(x, *stats, weight, bias, training=training), (x, weight, bias))
+    def batch_norm(fn, training, source=x):
+        return step(lambda: fn(source, *stats, weight, bias, training=training), (source, weight, bias))
 
     return {
         "conv2d 3x3 64->64": (conv(nnkernels.conv2d, w3, padding=1), conv(F.conv2d, w3, padding=1)),
@@ -65,7 +66,11 @@ def cases(device, dtype):
                                     conv(F.conv2d, wd, padding=1, groups=64)),
         "conv2d 3x3 s2 256->64": (step(lambda: nnkernels.conv2d(x256, ws, stride=2, padding=1), (x256, ws)),
                                   step(lambda: F.conv2d(x256, ws, stride=2, padding=1), (x256, ws))),
+        "conv2d 3x3 64->64 channels_last": (step(lambda: nnkernels.conv2d(x_cl, w3, padding=1), (x_cl, w3)),
+                                            step(lambda: F.conv2d(x_cl, w3, padding=1), (x_cl, w3))),
         "batch_norm train": (batch_norm(nnkernels.batch_norm, True), batch_norm(F.batch_norm, True)),
+        "batch_norm train channels_last": (batch_norm(nnkernels.batch_norm, True, x_cl),
+                                           batch_norm(F.batch_norm, True, x_cl)),
         "batch_norm eval": (batch_norm(nnkernels.batch_norm, False), batch_norm(F.batch_norm, False)),
         "avg_pool2d 3x3 s2 p1": (step(lambda: nnkernels.avg_pool2d(x, 3, 2, 1), (x,)),
                                  step(lambda: F.avg_pool2d(x, 3, 2, 1), (x,))),
