@@ -24,8 +24,8 @@ F32 = torch.float32
 # Programs of the split passes per SM aimed at; the elementwise passes' tiles hold about this many elements.
 PROGRAMS_PER_SM = 8
 ELEMENTWISE_TILE = 4096
-MERGE_CHANNELS = 32
-MERGE_PARTIALS = 64
+MERGE_CHANNELS = 8
+MERGE_PARTIALS = 256
 # The interpreter pays per program and per operation: few, large tiles.
 CPU_TILE = 2**15
 
