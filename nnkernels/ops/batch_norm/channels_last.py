@@ -19,6 +19,7 @@ import triton.language as tl
 from ...kernel import kernel_object
 from ..common.checks import check_numel
 from ..common.host_math import cdiv
+from .train import check_channel_tensors, check_partials
 
 F32 = torch.float32
 
@@ -30,9 +31,7 @@ def _check_rows(a, names):
 
 
 def _check_channels(a, names):
-    for name in names:
-        if hasattr(a, name):
-            check_numel(name, getattr(a, name), a.C, "C")
+    check_channel_tensors(a, names, a.C)
 
 
 def _chunks(a):
@@ -44,22 +43,13 @@ def _chunks(a):
     return chunks
 
 
-def _check_partials(a, rows, length):
-    if a.ROW_STRIDE < length:
-        raise ValueError(f"ROW_STRIDE: expected at least the {length} values of a row, got {a.ROW_STRIDE}")
-    needed = (rows - 1) * a.ROW_STRIDE + length
-    if a.partials.numel() < needed:
-        raise ValueError(f"partials: expected at least {rows - 1}*ROW_STRIDE + {length} = {needed} elements "
-                         f"({rows} rows), got {a.partials.numel()}")
-
-
 def split_entry(rows):
     """A split pass writing `rows` rows of partials: grid [cdiv(C, BLOCK_C), cdiv(M, ROWS_PER_CHUNK)]."""
     def entry(k, a):
         _check_rows(a, ("x", "dy"))
         _check_channels(a, ("mean",))
         chunks = _chunks(a)
-        _check_partials(a, rows, a.C * chunks)
+        check_partials(a, rows, a.C * chunks)
         return (cdiv(a.C, k.block_c), chunks)
 
     return entry
@@ -70,7 +60,7 @@ def merge_entry(rows):
     def entry(k, a):
         if a.NUM_PARTIALS < 1:
             raise ValueError(f"NUM_PARTIALS: expected at least 1, got {a.NUM_PARTIALS}")
-        _check_partials(a, rows, a.C * a.NUM_PARTIALS)
+        check_partials(a, rows, a.C * a.NUM_PARTIALS)
         if hasattr(a, "x") and a.x.numel() < a.C:  # the merge reads the first row of x, the shift of the partials
             raise ValueError(f"x: expected at least a row of C = {a.C} elements, got {a.x.numel()}")
         _check_channels(a, ("mean", "rstd", "var_unbiased", "running_mean", "running_var", "dweight", "dbias"))
@@ -107,6 +97,17 @@ def elementwise_tile(M, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
     rows = (p // channel_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
     offsets, inside = nhwc_tile(rows, c, M, C)
     return c, c < C, offsets, inside
+
+
+@triton.jit
+def normalize_tile(x, y, weight, bias, mean, channel_rstd, c, c_in, offsets, inside):
+    """y = (x - mean[c]) * (weight[c] * channel_rstd) + bias[c] on one tile, in fp32."""
+    scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
+    channel_mean = tl.load(mean + c, mask=c_in, other=0.0)
+    shift = tl.load(bias + c, mask=c_in, other=0.0)
+    xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+    yv = (xv - channel_mean[None, :]) * scale[None, :] + shift[None, :]
+    tl.store(y + offsets, yv.to(y.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -213,12 +214,7 @@ def batch_norm2d_nhwc_normalize(
     written.
     """
     c, c_in, offsets, inside = elementwise_tile(M, C, BLOCK_M, BLOCK_C)
-    scale = tl.load(weight + c, mask=c_in, other=0.0) * tl.load(rstd + c, mask=c_in, other=0.0)
-    channel_mean = tl.load(mean + c, mask=c_in, other=0.0)
-    shift = tl.load(bias + c, mask=c_in, other=0.0)
-    xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
-    yv = (xv - channel_mean[None, :]) * scale[None, :] + shift[None, :]
-    tl.store(y + offsets, yv.to(y.dtype.element_ty), mask=inside)
+    normalize_tile(x, y, weight, bias, mean, tl.load(rstd + c, mask=c_in, other=0.0), c, c_in, offsets, inside)
 
 
 @triton.jit
@@ -234,12 +230,7 @@ def batch_norm2d_nhwc_eval_forward(
     """
     c, c_in, offsets, inside = elementwise_tile(M, C, BLOCK_M, BLOCK_C)
     channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.load(running_var + c, mask=c_in, other=1.0) + eps))
-    scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
-    channel_mean = tl.load(running_mean + c, mask=c_in, other=0.0)
-    shift = tl.load(bias + c, mask=c_in, other=0.0)
-    xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
-    yv = (xv - channel_mean[None, :]) * scale[None, :] + shift[None, :]
-    tl.store(y + offsets, yv.to(y.dtype.element_ty), mask=inside)
+    normalize_tile(x, y, weight, bias, running_mean, channel_rstd, c, c_in, offsets, inside)
 
 
 @triton.jit
@@ -324,6 +315,7 @@ def batch_norm2d_nhwc_backward_dx(
 _STATS = {n: F32 for n in ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias", "running_mean",
                            "running_var", "partials")}
 _ELEMENTWISE = (elementwise_tile, nhwc_tile)
+_NORMALIZING = _ELEMENTWISE + (normalize_tile,)
 
 BatchNorm2dNhwcPartialStats = kernel_object(
     batch_norm2d_nhwc_partial_stats, entry=split_entry(3), example=(32, 64), pointer_dtypes=_STATS,
@@ -333,10 +325,10 @@ BatchNorm2dNhwcMergeStats = kernel_object(
     pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",))
 BatchNorm2dNhwcNormalize = kernel_object(
     batch_norm2d_nhwc_normalize, entry=elementwise_entry, example=(32, 64), pointer_dtypes=_STATS,
-    helpers=_ELEMENTWISE)
+    helpers=_NORMALIZING)
 BatchNorm2dNhwcEvalForward = kernel_object(
     batch_norm2d_nhwc_eval_forward, entry=elementwise_entry, example=(32, 64), floats=("eps",),
-    pointer_dtypes=_STATS, helpers=_ELEMENTWISE)
+    pointer_dtypes=_STATS, helpers=_NORMALIZING)
 BatchNorm2dNhwcPartialGradSums = kernel_object(
     batch_norm2d_nhwc_partial_grad_sums, entry=split_entry(2), example=(32, 64), pointer_dtypes=_STATS,
     helpers=(nhwc_tile,))
