@@ -5,6 +5,8 @@ A [B, C, HW] problem whose channel fits one tile takes the grouped kernels: seve
 (`GroupedConfig`: the tile, the channels per program, the warps). Larger channels take the split kernels: each
 channel's tiles cut into chunks, per-chunk partials, then a second pass (`SplitConfig`: elements per tile,
 programs aimed at, warps). Which of the two runs is a rule (`fits_one_tile`); within each, tuning picks.
+A channels-last 4-D input (`BatchNormProblem.nhwc`) takes the channels-last kernels of `batchnorm_nhwc` instead,
+in training and in the evaluation forward.
 """
 from __future__ import annotations
 
