@@ -203,7 +203,11 @@ def _ready(x):
 def _laid_out(plan, t):
     """`t` in the layout torch gives for the plan's input. Outside `nhwc` plans the kernels read and write NCHW
     only, so an input of another layout costs one copy in (`_ready`) and one copy out (here)."""
-    if plan.memory_format is None or plan.nhwc:
+    return t if plan.nhwc else _in_input_format(plan, t)
+
+
+def _in_input_format(plan, t):
+    if plan.memory_format is None:
         return t
     return as_channels_last(t) if plan.memory_format == torch.channels_last else t.contiguous(
         memory_format=plan.memory_format)
@@ -212,10 +216,7 @@ def _laid_out(plan, t):
 def _eval_dx_laid_out(plan, dx):
     """The evaluation backward's dx (NCHW kernels) in torch's layout: NCHW on CUDA (torch 2.11's CUDA backward,
     measured), the input's on the CPU."""
-    if plan.problem.device.type == "cuda" or plan.memory_format is None:
-        return dx
-    return as_channels_last(dx) if plan.memory_format == torch.channels_last else dx.contiguous(
-        memory_format=plan.memory_format)
+    return dx if plan.problem.device.type == "cuda" else _in_input_format(plan, dx)
 
 
 def _param_grads(param_dtypes, dweight, dbias):

@@ -24,7 +24,7 @@ from ..ops.batch_norm.train import (BatchNorm2dPartialGradSums, BatchNorm2dParti
                                     BatchNorm2dTrainNormalize)
 from ..ops.common.host_math import cdiv, next_power_of_2
 from . import batchnorm_nhwc as nhwc
-from .common import allocator, kernel, stored_config
+from .common import allocator, fp32_rows_length, kernel, stored_config
 
 F32 = torch.float32
 # How one launch cuts the work: split plans use block_b, block_hw and the chunk fields; grouped plans use
@@ -232,7 +232,7 @@ def train_forward_runner(problem, config, update_running):
     plan = _split_plan(problem, config)
     stats, normalize = launches
     chunks, tiles_per_chunk = plan.num_chunks, plan.tiles_per_chunk
-    row = _padded_length(C * chunks)  # count, mean and M2 rows in one buffer
+    row = fp32_rows_length(C * chunks)  # count, mean and M2 rows in one buffer
 
     def run_split(x, weight, bias, running_mean, running_var, eps, momentum):
         partials = new_f32(3 * row)
@@ -281,7 +281,7 @@ def train_backward_runner(problem, config):
     plan = _split_plan(problem, config)
     sums, dx_pass = launches
     chunks, tiles_per_chunk = plan.num_chunks, plan.tiles_per_chunk
-    row = _padded_length(C * chunks)  # sum_dy and sum_dy_xmu rows in one buffer
+    row = fp32_rows_length(C * chunks)  # sum_dy and sum_dy_xmu rows in one buffer
 
     def run_split(dy, x, weight, mean, rstd):
         partials = new_f32(2 * row)
@@ -407,10 +407,6 @@ class BatchNormProblem:
 # ---- runners of the synchronised training passes (`sync_batchnorm`): the split kernels with the partials
 # exchanged between them, whatever the size of a channel ----
 
-def _padded_length(n):
-    """n rounded up to whole 16-byte groups of fp32: rows of one buffer that all start aligned."""
-    return cdiv(n, 4) * 4
-
 
 def sync_statistics_kernels(problem, config):
     plan = _split_plan(problem, config)
@@ -460,8 +456,8 @@ def sync_backward_runners(problem, config):
     total = launches[2] if plan.num_chunks > 1 else None
     chunks, tiles_per_chunk = plan.num_chunks, plan.tiles_per_chunk
     shape, dtype, device = problem.shape, problem.dtype, problem.device
-    scratch = torch.empty(2, _padded_length(C), dtype=F32, device=device)  # written by dx_pass, never read
-    row = _padded_length(C * chunks)
+    scratch = torch.empty(2, fp32_rows_length(C), dtype=F32, device=device)  # written by dx_pass, never read
+    row = fp32_rows_length(C * chunks)
 
     def run_sums(dy, x, mean, local):
         if total is None:

@@ -18,7 +18,7 @@ from ..ops.batch_norm.channels_last import (BatchNorm2dNhwcBackwardDx, BatchNorm
                                             BatchNorm2dNhwcNormalize, BatchNorm2dNhwcPartialGradSums,
                                             BatchNorm2dNhwcPartialStats)
 from ..ops.common.host_math import cdiv, next_power_of_2
-from .common import allocator, channels_last_allocator, kernel
+from .common import allocator, channels_last_allocator, fp32_rows_length, kernel
 
 F32 = torch.float32
 # Programs of the split passes per SM aimed at; the elementwise passes' tiles hold about this many elements.
@@ -73,10 +73,6 @@ def _elementwise(C, config, machine):
     return max(1, tile // config.block_c), config.block_c
 
 
-def _padded_length(n):
-    """n rounded up to whole 16-byte groups of fp32: rows of one buffer that all start aligned."""
-    return cdiv(n, 4) * 4
-
 
 def _merge_partials(chunks):
     return min(MERGE_PARTIALS, next_power_of_2(chunks))
@@ -98,7 +94,7 @@ def train_forward_runner(problem, config, update_running):
     M, C = problem.rows, problem.dims[1]
     stats, merge, normalize = (Launcher(k) for k in train_forward_kernels(problem, config, update_running))
     rows_per_chunk, chunks = _split(M, C, config)
-    row = _padded_length(C * chunks)  # count, mean and M2 rows in one buffer
+    row = fp32_rows_length(C * chunks)  # count, mean and M2 rows in one buffer
     new, new_f32 = channels_last_allocator(problem.dtype, problem.device), allocator(F32, problem.device)
     shape = problem.shape
 
@@ -131,7 +127,7 @@ def train_backward_runner(problem, config):
     M, C = problem.rows, problem.dims[1]
     sums, merge, dx_pass = (Launcher(k) for k in train_backward_kernels(problem, config))
     rows_per_chunk, chunks = _split(M, C, config)
-    row = _padded_length(C * chunks)  # sum_dy and sum_dy_xmu rows in one buffer
+    row = fp32_rows_length(C * chunks)  # sum_dy and sum_dy_xmu rows in one buffer
     new, new_f32 = channels_last_allocator(problem.dtype, problem.device), allocator(F32, problem.device)
     shape = problem.shape
 

@@ -134,6 +134,11 @@ def channels_last_allocator(dtype: torch.dtype, device: torch.device):
     return new
 
 
+def fp32_rows_length(n: int) -> int:
+    """n rounded up to whole 16-byte groups of fp32: the row length of a buffer whose rows all start aligned."""
+    return -(-n // 4) * 4
+
+
 def aligned(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor`, or a copy of it where its data is not ALIGNMENT-byte aligned (a view at an odd offset)."""
     return tensor if tensor.data_ptr() % ALIGNMENT == 0 else tensor.clone()
