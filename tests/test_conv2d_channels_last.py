@@ -25,7 +25,7 @@ CASES = [
     pytest.param((2, 16, 32, 9, 8, (1, 7), 1, (0, 3), 2, 1, False), id="1x7-dilated"),
     pytest.param((2, 3, 16, 11, 10, (7, 7), 2, 3, 1, 1, True), id="stem-through-nchw"),
     pytest.param((2, 16, 16, 6, 6, (3, 3), 1, 1, 1, 16, True), id="depthwise-through-nchw"),
-    pytest.param((2, 8, 16, 6, 6, (3, 3), 1, 1, 1, 2, False), id="grouped-through-nchw"),
+    pytest.param((2, 8, 16, 6, 6, (3, 3), 1, 1, 1, 2, False), id="grouped-channels-last-kernels"),
     pytest.param((2, 24, 16, 5, 5, (3, 3), 1, 1, 1, 1, True), id="24-channels-in"),
 ]
 

@@ -54,6 +54,10 @@ CONV_CL = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward", "C
            "Conv2dDwReduce")
 CONV_CL_TMA = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dTmaDw",
                "Conv2dDwReduce")  # dx: the forward kernel
+CONV_GROUPED = ("ChannelsLastCopy", "Conv2dGroupedWeight", "Conv2dGemmClForward", "Conv2dGemmClDw",
+                "Conv2dDwReduce")  # dx: the forward kernel
+CONV_GROUPED_STRIDED = ("ChannelsLastCopy", "Conv2dGroupedWeight", "Conv2dGemmClForward", "Conv2dGemmClDx",
+                        "Conv2dGemmClDw", "Conv2dDwReduce")
 CONV_DEPTHWISE = ("Conv2dDepthwiseForward", "Conv2dDepthwiseDx", "Conv2dDepthwiseDw", "Conv2dDwReduce")
 BN_FUSED = ("BatchNorm2dTrainForwardFused", "BatchNorm2dTrainBackwardFused")  # the forward updates the running stats
 BN_SPLIT = ("BatchNorm2dPartialStats", "BatchNorm2dTrainNormalize", "BatchNorm2dPartialGradSums",
@@ -63,8 +67,8 @@ BN_NHWC = ("BatchNorm2dNhwcPartialStats", "BatchNorm2dNhwcMergeStats", "BatchNor
 
 CASES = {
     # conv2d: implicit GEMM on channels-last copies (dx whenever C_OUT is a multiple of 16: at stride 1 as the
-    # forward kernel on dy; strided, written channels-last and transposed), on NCHW (channels not multiples of 16,
-    # or groups), 1x1 as a matrix product (strided: of the subsampled input), depthwise, the forward a row per
+    # forward kernel on dy; strided, written channels-last and transposed; grouped, on block-diagonal weights), on
+    # NCHW (channels not multiples of 16), 1x1 as a matrix product (strided: of the subsampled input), depthwise, the forward a row per
     # program and the backward as 1x1 products of the unfolded input (at most 4 input channels, large planes); dw
     # split into fp32 partials (from TMA boxes at stride 1; in fp32 on small planes, one 1x1 product of the input
     # unfolded rows-outer); on small planes at stride 1 the forward (and dx) from TMA boxes too.
@@ -99,9 +103,15 @@ CASES = {
                                  ("Conv2dWinogradWeight", "Conv2dWinogradInput", "Conv2dWinogradProducts",
                                   "Conv2dWinogradOutput", "Conv2dWinogradDy", "Conv2dWinogradDwFinish"),
                                  dict(padding=1, bias=True), tf32=False, tuned=False),
-    "conv2d-nchw-grouped-dilated-bf16": Case("conv2d", dict(x=(4, 48, 20, 20), w=(96, 12, 3, 3)),
-                                             dict(x=(1, 4, 6, 6), w=(4, 1, 3, 3)), CONV_NCHW,
-                                             dict(padding=2, dilation=2, groups=4, bias=True), torch.bfloat16),
+    "conv2d-grouped-dilated-bf16": Case("conv2d", dict(x=(4, 48, 20, 20), w=(96, 12, 3, 3)),
+                                        dict(x=(1, 8, 6, 6), w=(8, 2, 3, 3)), CONV_GROUPED,
+                                        dict(padding=2, dilation=2, groups=4, bias=True), torch.bfloat16),
+    "conv2d-grouped-strided": Case("conv2d", dict(x=(8, 128, 14, 14), w=(128, 4, 3, 3)),
+                                   dict(x=(1, 16, 6, 6), w=(16, 4, 3, 3)), CONV_GROUPED_STRIDED,
+                                   dict(padding=1, stride=2, groups=32)),
+    "conv2d-nchw-dilated-bf16": Case("conv2d", dict(x=(4, 24, 20, 20), w=(40, 24, 3, 3)),
+                                     dict(x=(1, 4, 6, 6), w=(4, 4, 3, 3)), CONV_NCHW,
+                                     dict(padding=2, dilation=2, bias=True), torch.bfloat16),
     "conv2d-depthwise": Case("conv2d", dict(x=(8, 64, 28, 28), w=(64, 1, 3, 3)), dict(x=(2, 3, 5, 5), w=(3, 1, 3, 3)),
                              CONV_DEPTHWISE, dict(padding=1, groups="C", bias=True)),
     "conv2d-depthwise-bf16": Case("conv2d", dict(x=(32, 32, 56, 56), w=(32, 1, 5, 5)),

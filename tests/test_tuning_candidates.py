@@ -31,6 +31,9 @@ SHAPES = [
     (8, 3, 64, 64, 7, 2, 3, 1),
     (3, 48, 80, 13, 3, 1, 1, 1),
     (2, 32, 48, 9, 3, 2, 1, 2),
+    (4, 128, 128, 14, 3, 1, 1, 32),  # ResNeXt's grouped 3x3: 4 channels a group, tiles spanning groups
+    (4, 256, 256, 14, 3, 2, 1, 32),  # 8 a group, strided (the dx kernel)
+    (2, 96, 96, 9, 3, 1, 1, 4),  # 24 a group: tiles across group boundaries
 ]
 
 

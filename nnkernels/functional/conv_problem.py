@@ -68,6 +68,8 @@ class Problem:
         # kernels read and write them in place, every other algorithm through layout copies.
         self.nhwc = nhwc
         self.depthwise = groups == self.C_IN == self.C_OUT
+        # Grouped, not depthwise: the channels-last kernels' block-diagonal tiles (several narrow groups a product).
+        self.grouped = groups > 1 and not self.depthwise
         # An unpadded one-group 1x1 convolution is a matrix product per image, of x[:, :, ::s, ::s] when strided.
         self.pointwise = (self.KH, self.KW, *self.padding) == (1, 1, 0, 0) and groups == 1
         self.subsampled = self.pointwise and self.stride != (1, 1)
@@ -88,10 +90,13 @@ class Problem:
                          and winograd_fits(self.B, self.H, self.W, max(self.C_IN, self.C_OUT)))
         # The channels-last copy of x pays off over KH*KW taps; a 1x1 convolution's NCHW kernel is faster, unless
         # the tensors are channels-last already (then the 1x1 products read them as they are).
-        self.forward_channels_last = self.channels_last and (nhwc or (self.KH * self.KW > 1 and not self.pointwise))
+        self.forward_channels_last = self.grouped or (
+            self.channels_last and (nhwc or (self.KH * self.KW > 1 and not self.pointwise)))
         # dx's K slices run over C_OUT only, so any C_IN will do.
-        self.dx_channels_last = (groups == 1 and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0 and not self.depthwise
-                                 and not self.unfolded and (nhwc or not self.pointwise))
+        self.dx_channels_last = self.grouped or (groups == 1 and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0
+                                                 and not self.unfolded and (nhwc or not self.pointwise))
+        # The channels-last dw: one group with whole 16-channel runs, or grouped.
+        self.dw_channels_last = self.channels_last or self.grouped
         # A strided dx kernel writes each phase's pixels STRIDE_W apart: into NHWC, where a pixel's channels make
         # one run, then transposed; where C_IN is not a multiple of 16 they would not make whole runs. A
         # channels-last problem's dx is NHWC whatever its stride.
@@ -129,13 +134,15 @@ class Problem:
     def dx_forward(self):
         """The problem whose forward convolution is this one's dx, or None where the channels-last forward cannot
         run it. With stride 1, dx = conv2d(dy, w', padding = dil*(K-1) - pad) with w'[c_in, c_out, kh, kw] =
-        w[c_out, c_in, KH-1-kh, KW-1-kw]: the forward's algorithms and tuning (split K included) serve dx."""
+        w[c_out, c_in, KH-1-kh, KW-1-kw] within each group (same groups): the forward's algorithms and tuning
+        (split K included) serve dx."""
         if self.stride != (1, 1) or not self.dx_channels_last:
             return None
         pads = [d * (k - 1) - p for d, k, p in zip(self.dilation, (self.KH, self.KW), self.padding)]
         if min(pads) < 0:
             return None
-        problem = Problem((self.B, self.C_OUT, self.OH, self.OW), (self.C_IN, self.C_OUT, self.KH, self.KW), (1, 1),
-                          pads, self.dilation, 1, self.dtype, False, self.machine, tf32=self.tf32, flip_taps=True,
+        problem = Problem((self.B, self.C_OUT, self.OH, self.OW),
+                          (self.C_IN, self.C_OUT // self.groups, self.KH, self.KW), (1, 1), pads, self.dilation,
+                          self.groups, self.dtype, False, self.machine, tf32=self.tf32, flip_taps=True,
                           device=self.device, nhwc=self.nhwc)
         return problem if problem.forward_channels_last else None

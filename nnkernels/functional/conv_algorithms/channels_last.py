@@ -13,12 +13,14 @@ from dataclasses import replace
 import torch
 
 from ...launcher import Launcher
-from ...ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward
+from ...ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward, window_width
 from ...ops.conv2d.channels_last_dx import Conv2dGemmClDx
 from ..layout import (channels_first_copy, channels_first_copy_kernels, channels_last_copy, channels_last_copy_kernels,
                       channels_last_pair_copy, channels_last_pair_kernels, transpose_copy)
 from ..common import allocator, channels_last_allocator
 from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, pow2_dividing, register
+from .grouped import (dw_tap_span, expanded_weight, expanded_weight_kernels, grouped_candidates,
+                      grouped_dw_candidates)
 from .implicit_gemm import gemm_candidates
 from .partials import dw_split, reduce_kernel, split_sum_kernel, split_weight_gradient
 
@@ -136,10 +138,13 @@ def dx_forward_weight(p):
     return transpose_copy(1, rows, cols, (p.C_OUT, p.KH, p.KW, p.C_IN), p.dtype, p.device)
 
 
-def forward_copies(p) -> list:
+def forward_copies(p, tile_n: int = 0) -> list:
     """The layout copies a channels-last forward launches before its product: x and the weight in one launch (the
     weight alone where x is channels-last), or of a `dx_forward` problem dy (unless the backward shares its copy
-    or dy is channels-last) and the transposed weight."""
+    or dy is channels-last) and the transposed weight; of a grouped problem x (or dy) and the block-diagonal
+    weight of tiles `tile_n` wide (`grouped.expanded_weight`)."""
+    if p.grouped:
+        return nhwc_operand_kernels(p, p.x_shape) + expanded_weight_kernels(p, tile_n)
     if p.flip_taps:
         return nhwc_operand_kernels(p, p.x_shape) + channels_last_copy_kernels(_dx_forward_weight_shape(p), p.dtype)
     if p.nhwc:
@@ -152,13 +157,13 @@ def channels_last_operand_copies(p) -> list:
     return nhwc_operand_kernels(p, p.y_shape) + nhwc_operand_kernels(p, p.x_shape)
 
 
-def forward_runner(p, kernels, split):
-    """The runner of a channels-last forward whose `kernels` are its copies (`forward_copies`), then
+def forward_runner(p, kernels, split, tile_n: int = 0):
+    """The runner of a channels-last forward whose `kernels` are its copies (`forward_copies(p, tile_n)`), then
     `Conv2dGemmClForward` or `Conv2dTmaForward`, then the split-K sum when `split` > 1: run(x, weight, bias,
     x_cl=None) -> y. Of a `dx_forward` problem (FLIP_TAPS) it computes dx:
     x is dy, read channels-last (`x_cl`, the backward's shared copy, where it made one), and the weight is the
     convolution's own. Of a channels-last problem y is channels-last."""
-    conv, *rest = (Launcher(k) for k in kernels[len(forward_copies(p)):])
+    conv, *rest = (Launcher(k) for k in kernels[len(forward_copies(p, tile_n)):])
     shape, dtype, sizes, device, c_out = p.y_shape, p.dtype, p.sizes, p.device, p.C_OUT
     numel = p.B * p.C_OUT * p.OH * p.OW
     # y channels-last: NCHW sizes over the NHWC array the kernel writes (Y_NHWC)
@@ -166,7 +171,12 @@ def forward_runner(p, kernels, split):
     new_f32 = allocator(torch.float32, device)
     stored = _as_stored if p.nhwc else _same
     no_partials = new_f32(0)
-    if p.flip_taps:
+    if p.grouped:
+        copy_x, expand = nhwc_operand(p, p.x_shape), expanded_weight(p, tile_n)
+
+        def inputs(x, weight, x_cl):
+            return (x_cl if x_cl is not None else copy_x(x)), expand(weight)
+    elif p.flip_taps:
         copy_x, transposed = nhwc_operand(p, p.x_shape), dx_forward_weight(p)
 
         def inputs(x, weight, x_cl):
@@ -216,17 +226,20 @@ class ClForward(Algorithm):
         return p.forward_channels_last
 
     def candidates(self, p):
+        if p.grouped:
+            return grouped_candidates(p.B, p.OH * p.OW, p.C_OUT // p.groups, p.cin_per_group, p.groups, p.dtype,
+                                      p.machine)
         return channels_last_candidates(p.B, p.OH * p.OW, p.C_OUT, p.C_IN, p.dtype, p.machine, taps=p.KH * p.KW)
 
     def kernels(self, p, config):
         block_q = image_tile(config.block_m, p.OH * p.OW, config.image_pixels)
-        constants = p.geometry + (p.has_bias, p.tf32, p.flip_taps, p.nhwc, config.block_m, config.block_n,
+        constants = p.geometry + (p.groups, p.has_bias, p.tf32, p.flip_taps, p.nhwc, config.block_m, config.block_n,
                                   config.block_k, block_q, config.split)
-        kernels = forward_copies(p) + [make_kernel(Conv2dGemmClForward, constants, p, config)]
+        kernels = forward_copies(p, config.block_n) + [make_kernel(Conv2dGemmClForward, constants, p, config)]
         return kernels + ([split_sum_kernel(p, p.B * p.C_OUT * p.OH * p.OW)] if config.split > 1 else [])
 
     def runner(self, p, config):
-        return forward_runner(p, self.kernels(p, config), config.split)
+        return forward_runner(p, self.kernels(p, config), config.split, config.block_n)
 
 
 class ClDx(Algorithm):
@@ -241,17 +254,22 @@ class ClDx(Algorithm):
         return p.dx_channels_last
 
     def candidates(self, p):
+        if p.grouped:
+            return grouped_candidates(p.B, p.pixels_per_phase, p.cin_per_group, p.C_OUT // p.groups, p.groups,
+                                      p.dtype, p.machine)
         return channels_last_candidates(p.B, p.pixels_per_phase, p.C_IN, p.C_OUT, p.dtype, p.machine)
 
     def _product(self, p, config):
         block_q = image_tile(config.block_m, p.pixels_per_phase)
-        constants = p.geometry + (p.tf32, p.dx_nhwc, config.block_m, config.block_n, config.block_k, block_q)
+        constants = p.geometry + (p.groups, p.tf32, p.dx_nhwc, config.block_m, config.block_n, config.block_k,
+                                  block_q)
         return make_kernel(Conv2dGemmClDx, constants, p, config)
 
     def kernels(self, p, config):
         transposed = p.dx_nhwc and not p.nhwc
         back_to_nchw = channels_first_copy_kernels((p.B, p.H, p.W, p.C_IN), p.dtype) if transposed else []
-        return nhwc_operand_kernels(p, p.y_shape) + [self._product(p, config)] + back_to_nchw
+        weight = expanded_weight_kernels(p, config.block_n, dx=True) if p.grouped else []
+        return nhwc_operand_kernels(p, p.y_shape) + weight + [self._product(p, config)] + back_to_nchw
 
     def runner(self, p, config):
         launch = Launcher(self._product(p, config))
@@ -265,9 +283,10 @@ class ClDx(Algorithm):
             laid_out = channels_first_copy(nhwc, p.dtype, p.device) if p.dx_nhwc else _same
             new, stored = allocator(p.dtype, p.device), _same
         sizes = p.sizes
+        transposed = expanded_weight(p, config.block_n, dx=True) if p.grouped else _dx_weight
 
         def run(dy, weight, dy_cl):
-            w_t = weight.permute(2, 3, 1, 0).contiguous()  # [KH, KW, C_IN, C_OUT]: tiny
+            w_t = transposed(weight)
             written = new(*written_shape)
             launch(dy_cl if dy_cl is not None else copy_dy(dy), w_t, stored(written), *sizes)
             return laid_out(written)
@@ -275,19 +294,27 @@ class ClDx(Algorithm):
         return run
 
 
+def _dx_weight(weight):
+    return weight.permute(2, 3, 1, 0).contiguous()  # [KH, KW, C_IN, C_OUT], `Conv2dGemmClDx`'s w_t: tiny
+
+
 class ClDw(Algorithm):
     name = "cl_dw"
     channels_last_input = True
 
     def applies(self, p):
-        return p.channels_last
+        return p.dw_channels_last
 
     def candidates(self, p):
+        if p.grouped:
+            return grouped_dw_candidates(p)
         return channels_last_dw_candidates(p.C_OUT, p.C_IN, p.KH * p.KW, p.B * p.OH * p.OW, p.dtype, p.machine)
 
     def kernels(self, p, config):
-        tap_span = max(1, config.block_n // p.C_IN)  # a column tile wider than C_IN spans taps
-        constants = p.geometry + (p.has_bias, p.tf32, config.block_m, config.block_n, config.block_k, tap_span)
+        window = window_width(p.C_IN, p.cin_per_group, p.C_OUT // p.groups, config.block_m, p.groups)
+        tap_span = dw_tap_span(config.block_n, window)
+        constants = p.geometry + (p.groups, p.has_bias, p.tf32, config.block_m, config.block_n, config.block_k,
+                                  tap_span)
         return channels_last_operand_copies(p) + [make_kernel(Conv2dGemmClDw, constants, p, config),
                                                   reduce_kernel(p, p.has_bias)]
 

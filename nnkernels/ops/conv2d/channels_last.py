@@ -7,7 +7,8 @@ pipelining). With channels last, a K-slice is BLOCK_K consecutive, aligned chann
 pixel: 16-byte vector loads that the compiler pipelines. The op makes the channels-last copy
 of its NCHW input (one memory pass), or reads a channels-last input as it is; the forward writes y in either
 layout (Y_NHWC), dw its own.
-Used when groups == 1 and the channel counts are multiples of BLOCK_K; NCHW kernels otherwise.
+Used when groups == 1 and the channel counts are multiples of BLOCK_K, and for grouped convolutions (not
+depthwise): a tile then spans the groups of its output channels with a block-diagonal weight tile.
 dx from a channels-last dy is `Conv2dGemmClDx` (conv2d_gemm_channels_last_dx.py).
 """
 import torch
@@ -29,12 +30,15 @@ def check_image_tiles(k):
     return k.block_m // k.block_q
 
 
-def check_forward_k_slices(k, a):
-    """The channels-last forwards' K: slices of BLOCK_K channels inside one tap, at most one slice per split;
-    bias and the split's fp32 partials sized to the output."""
-    if a.C_IN % k.block_k:
+def check_forward_k_slices(k, a, groups=1):
+    """The channels-last forwards' K: slices of BLOCK_K channels inside one tap, at most one slice per split
+    (grouped: no split, and the last slice of a tile's channels masked); bias and the split's fp32 partials sized
+    to the output."""
+    if groups > 1 and k.split_k != 1:
+        raise ValueError(f"split_k: expected 1 for a grouped convolution (groups = {groups}), got {k.split_k}")
+    if groups == 1 and a.C_IN % k.block_k:
         raise ValueError(f"C_IN: expected a multiple of block_k = {k.block_k}, got {a.C_IN}")
-    steps = k.kh * k.kw * a.C_IN // k.block_k
+    steps = max(1, k.kh * k.kw * a.C_IN // k.block_k)
     if k.split_k > steps:
         raise ValueError(f"split_k: expected at most the {steps} K-steps of block_k = {k.block_k}, got {k.split_k}")
     if k.has_bias:
@@ -45,11 +49,23 @@ def check_forward_k_slices(k, a):
 
 def conv2d_gemm_cl_forward_entry(k, a):
     """Grid (cdiv(B, images per tile) * pixel tiles per image, c_out tiles, SPLIT_K) for `Conv2dGemmClForward`."""
-    check_conv_launch(k, a, 1)
+    cin_per_group, cout_per_group = check_conv_launch(k, a, k.g, weight=k.g == 1)
+    if k.g > 1:
+        width = window_width(a.C_IN, cin_per_group, cout_per_group, k.block_n, k.g)
+        check_numel("w", a.w, a.C_OUT * k.kh * k.kw * width, "C_OUT*KH*KW*WIDTH (`Conv2dGroupedWeight`)")
     images = check_image_tiles(k)
-    check_forward_k_slices(k, a)
+    check_forward_k_slices(k, a, k.g)
     return check_grid_3d(cdiv(a.B, images) * cdiv(a.OH * a.OW, k.block_q),
                          cdiv(a.C_OUT, k.block_n), k.split_k)
+
+
+@triton.jit
+def group_window(first, BLOCK: tl.constexpr, out_per_group, in_per_group, in_total):
+    """[start, end) of the reduced channels that output channels first, ..., first + BLOCK - 1 read in a grouped
+    convolution of `out_per_group` output and `in_per_group` reduced channels per group: their groups' channels."""
+    start = (first // out_per_group) * in_per_group
+    end = tl.minimum(((first + BLOCK - 1) // out_per_group + 1) * in_per_group, in_total)
+    return start, end
 
 
 @triton.jit
@@ -89,16 +105,19 @@ def conv2d_gemm_cl_forward(
     x, w, bias, y, partial, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    HAS_BIAS: tl.constexpr, TF32: tl.constexpr, FLIP_TAPS: tl.constexpr, Y_NHWC: tl.constexpr,
+    G: tl.constexpr, HAS_BIAS: tl.constexpr, TF32: tl.constexpr, FLIP_TAPS: tl.constexpr, Y_NHWC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    """2-D convolution forward (groups = 1) from channels-last x and w, NCHW y (NHWC when Y_NHWC); implicit GEMM.
+    """2-D convolution forward (G groups) from channels-last x and w, NCHW y (NHWC when Y_NHWC); implicit GEMM.
 
     x is [B, H, W, C_IN] and w is [C_OUT, KH, KW, C_IN], both contiguous, with w's taps in reverse
     order when FLIP_TAPS (w[c_out, KH-1-kh, KW-1-kw, c_in] stands for tap (kh, kw): a stride-1 dx is
     this forward on dy with the weight transposed, and flipped here rather than by another copy);
-    C_IN % BLOCK_K == 0;
+    G = 1: C_IN % BLOCK_K == 0. G > 1: SPLIT_K = 1; a tile's K runs, tap by tap, over the WIDTH input channels
+    of the groups its BLOCK_N output channels belong to (`group_window`, the last slice masked), and w is
+    [C_OUT, KH, KW, WIDTH], each row those channels' weights, zero outside the row's group (`Conv2dGroupedWeight`
+    with TILE_N = BLOCK_N): several narrow groups share one block-diagonal tensor-core product;
     one image of x and one of y hold fewer than 2**31 elements. A pixel tile is I = BLOCK_M/BLOCK_Q
     images by BLOCK_Q pixels of each (I = 1 for large images; several small images per tile).
     Grid: (cdiv(B, I) * cdiv(OH*OW, BLOCK_Q), cdiv(C_OUT, BLOCK_N), SPLIT_K). Program
@@ -106,8 +125,8 @@ def conv2d_gemm_cl_forward(
     q = oh*OW + ow in [t*BLOCK_Q, (t+1)*BLOCK_Q), the BLOCK_N channels c_out of tile pn, and the
     K-steps [s*S, min((s+1)*S, KS)) of the KS = KH*KW*C_IN/BLOCK_K slices of K (each inside one
     tap), S = cdiv(KS, SPLIT_K), and forms
-        [bias[c_out] in split 0] + sum over those (kh, kw, c_in) of w[c_out, kh, kw, c_in]
-            * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
+        [bias[c_out] in split 0] + sum over those (kh, kw, c_in of c_out's group) of
+            w[c_out, kh, kw, c_in] * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
     (x read as 0 outside the image). With SPLIT_K = 1 that is y[b, c_out, oh, ow] (NCHW; y[b, oh, ow,
     c_out] when Y_NHWC); else it goes in fp32 to partial[s] in y's layout and `Conv2dDwReduce`
     (TAPS = 1) adds the splits into y in a fixed order: split K gives layers of few pixels (7x7,
@@ -133,26 +152,49 @@ def conv2d_gemm_cl_forward(
     x_pixel = b.to(tl.int64) * H * W * C_IN + (ih_first * W + iw_first) * C_IN
     c_out = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_out_ok = c_out < C_OUT
-    k_total = KH * KW * C_IN
-    w_rows = w + c_out.to(tl.int64)[:, None] * k_total
     channel = tl.arange(0, BLOCK_K)
-    steps_per_split = tl.cdiv(k_total // BLOCK_K, SPLIT_K)
-    k_begin = tl.program_id(2) * steps_per_split * BLOCK_K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k_first in range(k_begin, tl.minimum(k_begin + steps_per_split * BLOCK_K, k_total), BLOCK_K):
-        tap = k_first // C_IN
-        c_first = k_first - tap * C_IN
-        dh = (tap // KW) * DIL_H
-        dw = (tap % KW) * DIL_W
-        inside = q_ok & (ih_first >= -dh) & (ih_first < H - dh) & (iw_first >= -dw) & (iw_first < W - dw)
-        x_tile = tl.load(x + x_pixel[:, None] + ((dh * W + dw) * C_IN + c_first + channel)[None, :],
-                         mask=inside[:, None], other=0.0)
-        if FLIP_TAPS:
-            w_k = (KH * KW - 1 - tap) * C_IN + c_first
-        else:
-            w_k = k_first
-        w_tile = tl.load(w_rows + w_k + channel[None, :], mask=c_out_ok[:, None], other=0.0)
-        acc = conv_dot(x_tile, tl.trans(w_tile), acc, TF32)
+    if G == 1:
+        k_total = KH * KW * C_IN
+        w_rows = w + c_out.to(tl.int64)[:, None] * k_total
+        steps_per_split = tl.cdiv(k_total // BLOCK_K, SPLIT_K)
+        k_begin = tl.program_id(2) * steps_per_split * BLOCK_K
+        for k_first in range(k_begin, tl.minimum(k_begin + steps_per_split * BLOCK_K, k_total), BLOCK_K):
+            tap = k_first // C_IN
+            c_first = k_first - tap * C_IN
+            dh = (tap // KW) * DIL_H
+            dw = (tap % KW) * DIL_W
+            inside = q_ok & (ih_first >= -dh) & (ih_first < H - dh) & (iw_first >= -dw) & (iw_first < W - dw)
+            x_tile = tl.load(x + x_pixel[:, None] + ((dh * W + dw) * C_IN + c_first + channel)[None, :],
+                             mask=inside[:, None], other=0.0)
+            if FLIP_TAPS:
+                w_k = (KH * KW - 1 - tap) * C_IN + c_first
+            else:
+                w_k = k_first
+            w_tile = tl.load(w_rows + w_k + channel[None, :], mask=c_out_ok[:, None], other=0.0)
+            acc = conv_dot(x_tile, tl.trans(w_tile), acc, TF32)
+    else:
+        cin_per_group = C_IN // G
+        cout_per_group = C_OUT // G
+        first, end = group_window(pid_n * BLOCK_N, BLOCK_N, cout_per_group, cin_per_group, C_IN)
+        width = group_window_width(BLOCK_N, cin_per_group, cout_per_group, G)
+        slices = tl.cdiv(end - first, BLOCK_K)
+        w_rows = w + c_out.to(tl.int64)[:, None] * (KH * KW * width)
+        for step in range(0, KH * KW * slices):
+            tap = step // slices
+            c_in = first + (step % slices) * BLOCK_K + channel
+            dh = (tap // KW) * DIL_H
+            dw = (tap % KW) * DIL_W
+            inside = q_ok & (ih_first >= -dh) & (ih_first < H - dh) & (iw_first >= -dw) & (iw_first < W - dw)
+            x_tile = tl.load(x + x_pixel[:, None] + ((dh * W + dw) * C_IN + c_in)[None, :],
+                             mask=inside[:, None] & (c_in < end)[None, :], other=0.0)
+            if FLIP_TAPS:
+                w_tap = KH * KW - 1 - tap
+            else:
+                w_tap = tap
+            w_tile = tl.load(w_rows + (w_tap * width + c_in - first)[None, :],
+                             mask=c_out_ok[:, None] & (c_in < end)[None, :], other=0.0)
+            acc = conv_dot(x_tile, tl.trans(w_tile), acc, TF32)
     acc = add_forward_bias(acc, bias, c_out, c_out_ok, HAS_BIAS)
     y_offset = forward_y_offset(b, q, c_out, C_OUT, ohw, Y_NHWC)
     store_forward_tile(acc, y, partial, y_offset, c_out_ok[:, None] & q_ok[None, :], B, C_OUT, ohw, SPLIT_K)
@@ -160,22 +202,45 @@ def conv2d_gemm_cl_forward(
 
 def conv2d_gemm_cl_dw_entry(k, a):
     """Grid (c_out tiles * (tap groups * channel blocks + has_bias), SPLIT, 1) for `Conv2dGemmClDw`."""
-    check_conv_launch(k, a, 1)
+    cin_per_group, cout_per_group = check_conv_launch(k, a, k.g)
     if k.tap_span < 1 or k.tap_span & (k.tap_span - 1) or k.block_n % k.tap_span:
         raise ValueError(f"tap_span: expected a power of two dividing block_n = {k.block_n}, got {k.tap_span}")
     channels_per_tap = k.block_n // k.tap_span
-    if k.tap_span > 1 and a.C_IN != channels_per_tap:
-        raise ValueError(f"C_IN: expected block_n / tap_span = {channels_per_tap} (a tile spanning taps holds "
-                         f"all their channels), got {a.C_IN}")
-    if a.C_IN % channels_per_tap:
+    window = window_width(a.C_IN, cin_per_group, cout_per_group, k.block_m, k.g)
+    if k.tap_span > 1 and window != channels_per_tap:
+        raise ValueError(f"block_n: expected tap_span * {window} (a tile spanning taps holds all the input channels "
+                         f"of its output channels), got {k.block_n}")
+    if k.g == 1 and a.C_IN % channels_per_tap:
         raise ValueError(f"C_IN: expected a multiple of block_n = {k.block_n}, got {a.C_IN}")
     if a.SPLIT > a.B * a.OH * a.OW:
         raise ValueError(f"SPLIT: expected at most B*OH*OW = {a.B * a.OH * a.OW} slices, got {a.SPLIT}")
-    row = dw_partial_size(a.C_OUT, a.C_IN, k.kh, k.kw, k.has_bias)
-    check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C_OUT*C_IN*KH*KW [+ C_OUT with HAS_BIAS])")
+    row = dw_partial_size(a.C_OUT, cin_per_group, k.kh, k.kw, k.has_bias)
+    check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C_OUT*C_IN/G*KH*KW [+ C_OUT with HAS_BIAS])")
     m_tiles = cdiv(a.C_OUT, k.block_m)
-    tiles = m_tiles * cdiv(k.kh * k.kw, k.tap_span) * (a.C_IN // channels_per_tap) + (m_tiles if k.has_bias else 0)
+    tiles = (m_tiles * cdiv(k.kh * k.kw, k.tap_span) * cdiv(window, channels_per_tap)
+             + (m_tiles if k.has_bias else 0))
     return check_grid_3d(tiles, a.SPLIT, 1)
+
+
+def window_width(c_in, in_per_group, out_per_group, block, groups):
+    """Reduced channels a product tile of `block` channels spans (`c_in` in all): all of them for one group, else
+    those of the most groups `block` consecutive channels can touch (a tile aligned to whole groups touches
+    block / out_per_group)."""
+    if groups == 1:
+        return c_in
+    if block % out_per_group == 0 or out_per_group % block == 0:
+        touched = max(1, block // out_per_group)
+    else:
+        touched = (block - 2) // out_per_group + 2
+    return min(groups, touched) * in_per_group
+
+
+@triton.jit
+def group_window_width(BLOCK: tl.constexpr, in_per_group, out_per_group, G: tl.constexpr):
+    """`window_width` of a grouped launch (G > 1), in the kernel."""
+    aligned = (BLOCK % out_per_group == 0) | (out_per_group % BLOCK == 0)
+    touched = tl.where(aligned, tl.maximum(BLOCK // out_per_group, 1), (BLOCK - 2) // out_per_group + 2)
+    return tl.minimum(touched, G) * in_per_group
 
 
 @triton.jit
@@ -183,22 +248,25 @@ def conv2d_gemm_cl_dw(
     dy, x, partial, B, C_IN, C_OUT, H, W, OH, OW, SPLIT,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
+    G: tl.constexpr, HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAP_SPAN: tl.constexpr,
 ):
-    """2-D convolution weight gradient (groups = 1) from channels-last dy and x, split over pixels.
+    """2-D convolution weight gradient (G groups) from channels-last dy and x, split over pixels.
 
     dy is [B, OH, OW, C_OUT] and x is [B, H, W, C_IN], both contiguous. A column tile holds
-    TAP_SPAN taps by CT = BLOCK_N/TAP_SPAN channels: CT divides C_IN, and CT == C_IN when
-    TAP_SPAN > 1 (small C_IN: a tile of several taps reuses each dy tile for all of them).
-    Grid: (M * cdiv(KH*KW, TAP_SPAN) * C_IN/CT + (M when HAS_BIAS), SPLIT, 1), M = cdiv(C_OUT, BLOCK_M).
+    TAP_SPAN taps by CT = BLOCK_N/TAP_SPAN channels of the tile's window: the input channels its BLOCK_M
+    output channels read (all C_IN when G = 1; else those of their groups, from `group_window`, WIN wide at
+    most, `window_width`). CT divides C_IN when G = 1, and CT == WIN when TAP_SPAN > 1 (small C_IN: a tile of
+    several taps reuses each dy tile for all of them).
+    Grid: (M * cdiv(KH*KW, TAP_SPAN) * cdiv(WIN, CT) + (M when HAS_BIAS), SPLIT, 1), M = cdiv(C_OUT, BLOCK_M).
     Program (tile, s) takes the pixels p = b*OH*OW + oh*OW + ow of slice s, [s*L, min((s+1)*L, B*OH*OW))
-    with L = cdiv(cdiv(B*OH*OW, SPLIT), BLOCK_K)*BLOCK_K. A product tile (tile < M * tap groups * C_IN/CT),
-    with its BLOCK_M channels c_out, its taps tap = kh*KW + kw and its channels c_in, writes
-        partial[s, c_out*C_IN*KH*KW + c_in*KH*KW + kh*KW + kw] = sum over p of dy[b, oh, ow, c_out]
-            * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
-    (x read as 0 outside the image); with HAS_BIAS, the M programs after them write, for their BLOCK_M
-    channels, partial[s, C_OUT*C_IN*KH*KW + c_out] = sum over p of dy[b, oh, ow, c_out] (programs of their
+    with L = cdiv(cdiv(B*OH*OW, SPLIT), BLOCK_K)*BLOCK_K. A product tile (tile < M * tap groups * blocks),
+    with its BLOCK_M channels c_out, its taps tap = kh*KW + kw and its channels c_in of c_out's group, writes
+        partial[s, c_out*(C_IN/G)*KH*KW + (c_in - group*C_IN/G)*KH*KW + kh*KW + kw] = sum over p of
+            dy[b, oh, ow, c_out] * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
+    (x read as 0 outside the image; a grouped tile's product is computed whole and only its diagonal blocks
+    stored); with HAS_BIAS, the M programs after them write, for their BLOCK_M
+    channels, partial[s, C_OUT*(C_IN/G)*KH*KW + c_out] = sum over p of dy[b, oh, ow, c_out] (programs of their
     own: `ops.common.tensor_core.sums_beside_dot` says why).
     Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 sums; every element of `partial` is written.
     """
@@ -206,7 +274,12 @@ def conv2d_gemm_cl_dw(
     split = tl.program_id(1)
     taps: tl.constexpr = KH * KW
     CT: tl.constexpr = BLOCK_N // TAP_SPAN
-    channel_blocks = C_IN // CT
+    cin_per_group = C_IN // G
+    cout_per_group = C_OUT // G
+    if G == 1:
+        channel_blocks = C_IN // CT
+    else:
+        channel_blocks = tl.cdiv(group_window_width(BLOCK_M, cin_per_group, cout_per_group, G), CT)
     tiles_per_m = tl.cdiv(taps, TAP_SPAN) * channel_blocks
     product_tiles = tl.cdiv(C_OUT, BLOCK_M) * tiles_per_m
     ohw = OH * OW
@@ -214,15 +287,21 @@ def conv2d_gemm_cl_dw(
     slice_len = tl.cdiv(tl.cdiv(pixels, SPLIT), BLOCK_K) * BLOCK_K
     slice_first = split * slice_len
     slice_end = tl.minimum(slice_first + slice_len, pixels)
-    row = partial_row(partial, split, C_OUT * C_IN * taps, C_OUT, HAS_BIAS)
+    row = partial_row(partial, split, C_OUT * cin_per_group * taps, C_OUT, HAS_BIAS)
     if pid_tile < product_tiles:
         tile_n = pid_tile % tiles_per_m
         tap = (tile_n // channel_blocks) * TAP_SPAN + tl.arange(0, TAP_SPAN)
         tap_ok = tap < taps
-        c_in = (tile_n % channel_blocks) * CT + tl.arange(0, CT)
+        m_first = (pid_tile // tiles_per_m) * BLOCK_M
+        if G == 1:
+            window_first, window_end = 0, C_IN
+        else:
+            window_first, window_end = group_window(m_first, BLOCK_M, cout_per_group, cin_per_group, C_IN)
+        c_in = window_first + (tile_n % channel_blocks) * CT + tl.arange(0, CT)
+        c_in_ok = c_in < window_end
         dh = (tap // KW) * DIL_H
         dw = (tap % KW) * DIL_W
-        c_out = (pid_tile // tiles_per_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+        c_out = m_first + tl.arange(0, BLOCK_M)
         c_out_ok = c_out < C_OUT
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for p_first in range(slice_first, slice_end, BLOCK_K):
@@ -235,13 +314,22 @@ def conv2d_gemm_cl_dw(
             dy_tile = tl.load(dy + (p.to(tl.int64) * C_OUT)[:, None] + c_out[None, :],
                               mask=p_ok[:, None] & c_out_ok[None, :], other=0.0)
             x_pixel = (((p // ohw).to(tl.int64)[:, None] * H + ih) * W + iw) * C_IN
-            x_taps = tl.load(x + x_pixel[:, :, None] + c_in[None, None, :], mask=inside[:, :, None], other=0.0)
+            if G == 1:
+                x_taps = tl.load(x + x_pixel[:, :, None] + c_in[None, None, :], mask=inside[:, :, None], other=0.0)
+            else:
+                x_taps = tl.load(x + x_pixel[:, :, None] + c_in[None, None, :],
+                                 mask=inside[:, :, None] & c_in_ok[None, None, :], other=0.0)
             x_tile = tl.reshape(x_taps, [BLOCK_K, BLOCK_N])
             acc = conv_dot(tl.trans(dy_tile), x_tile, acc, TF32)
-        column = tl.reshape(c_in[None, :] * taps + tap[:, None], [BLOCK_N])
-        column_ok = tl.reshape(tap_ok[:, None] & (c_in < C_IN)[None, :], [BLOCK_N])
-        tl.store(row + (c_out * (C_IN * taps))[:, None] + column[None, :], acc,
-                 mask=c_out_ok[:, None] & column_ok[None, :])
+        column_ok = tl.reshape(tap_ok[:, None] & c_in_ok[None, :], [BLOCK_N])
+        written = c_out_ok[:, None] & column_ok[None, :]
+        if G == 1:
+            column = tl.reshape(c_in[None, :] * taps + tap[:, None], [BLOCK_N])
+        else:
+            column = tl.reshape((c_in % cin_per_group)[None, :] * taps + tap[:, None], [BLOCK_N])
+            column_group = tl.reshape(tl.broadcast_to((c_in // cin_per_group)[None, :], [TAP_SPAN, CT]), [BLOCK_N])
+            written &= column_group[None, :] == (c_out // cout_per_group)[:, None]
+        tl.store(row + (c_out * (cin_per_group * taps))[:, None] + column[None, :], acc, mask=written)
     elif HAS_BIAS:
         c_out = (pid_tile - product_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
         c_out_ok = c_out < C_OUT
@@ -251,13 +339,13 @@ def conv2d_gemm_cl_dw(
             dy_tile = tl.load(dy + (p.to(tl.int64) * C_OUT)[:, None] + c_out[None, :],
                               mask=(p < slice_end)[:, None] & c_out_ok[None, :], other=0.0)
             dbias += tl.sum(dy_tile.to(tl.float32), axis=0)
-        tl.store(row + C_OUT * C_IN * taps + c_out, dbias, mask=c_out_ok)
+        tl.store(row + C_OUT * cin_per_group * taps + c_out, dbias, mask=c_out_ok)
 
 
 Conv2dGemmClForward = kernel_object(
     conv2d_gemm_cl_forward,
-    helpers=(conv_dot, add_forward_bias, forward_y_offset, store_forward_tile),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, False, False, 128, 64, 64, 128, 1),
+    helpers=(conv_dot, group_window, group_window_width, add_forward_bias, forward_y_offset, store_forward_tile),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, False, False, 128, 64, 64, 128, 1),
     entry=conv2d_gemm_cl_forward_entry,
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
@@ -267,8 +355,8 @@ Conv2dGemmClForward = kernel_object(
 )
 Conv2dGemmClDw = kernel_object(
     conv2d_gemm_cl_dw,
-    helpers=(conv_dot, *PARTIAL_ROW_HELPERS),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64, 1),
+    helpers=(conv_dot, group_window, group_window_width, *PARTIAL_ROW_HELPERS),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64, 1),
     entry=conv2d_gemm_cl_dw_entry,
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ...kernel import kernel_object
 from ..common.checks import check_grid_3d, check_numel
-from .channels_last import check_image_tiles
+from .channels_last import check_image_tiles, group_window, group_window_width, window_width
 from .gemm_dx import phase_taps
 from .checks import check_conv_launch
 from ..common.host_math import cdiv
@@ -28,11 +28,12 @@ from ..common.tensor_core import conv_dot
 def conv2d_gemm_cl_dx_entry(k, a):
     """Grid (cdiv(B, images per tile) * pixel tiles per image and phase, c_in tiles, STRIDE_H * STRIDE_W)
     for `Conv2dGemmClDx`."""
-    check_conv_launch(k, a, 1)
+    cin_per_group, cout_per_group = check_conv_launch(k, a, k.g)
     images = check_image_tiles(k)
-    if a.C_OUT % k.block_k:
+    if k.g == 1 and a.C_OUT % k.block_k:
         raise ValueError(f"C_OUT: expected a multiple of block_k = {k.block_k}, got {a.C_OUT}")
-    check_numel("w_t", a.w_t, k.kh * k.kw * a.C_IN * a.C_OUT, "KH*KW*C_IN*C_OUT")
+    width = window_width(a.C_OUT, cout_per_group, cin_per_group, k.block_n, k.g)
+    check_numel("w_t", a.w_t, k.kh * k.kw * a.C_IN * width, "KH*KW*C_IN*WIDTH")
     pixels_per_phase = cdiv(a.H, k.stride_h) * cdiv(a.W, k.stride_w)
     return check_grid_3d(cdiv(a.B, images) * cdiv(pixels_per_phase, k.block_q),
                          cdiv(a.C_IN, k.block_n), k.stride_h * k.stride_w)
@@ -43,22 +44,24 @@ def conv2d_gemm_cl_dx(
     dy, w_t, dx, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    TF32: tl.constexpr, DX_NHWC: tl.constexpr,
+    G: tl.constexpr, TF32: tl.constexpr, DX_NHWC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
-    """2-D convolution data gradient (groups = 1) from channels-last dy; gather form, no atomics.
+    """2-D convolution data gradient (G groups) from channels-last dy; gather form, no atomics.
 
-    dy is [B, OH, OW, C_OUT] and w_t is the weight as [KH, KW, C_IN, C_OUT] (both operands
-    contiguous along the reduced c_out, as TF32 tensor cores need them), both contiguous;
-    dx is NCHW, or [B, H, W, C_IN] when DX_NHWC;
-    C_OUT % BLOCK_K == 0; one image of dy and one of dx hold fewer than 2**31 elements. A pixel
+    dy is [B, OH, OW, C_OUT] and w_t is the weight as [KH, KW, C_IN, WIDTH] (both operands
+    contiguous along the reduced c_out, as TF32 tensor cores need them), both contiguous; dx is NCHW, or
+    [B, H, W, C_IN] when DX_NHWC. G = 1: WIDTH = C_OUT, C_OUT % BLOCK_K == 0. G > 1: a tile's K runs over the
+    WIDTH output channels of the groups of its BLOCK_N input channels (`group_window`, the last slice masked),
+    and w_t's rows hold those channels' weights, zero outside the row's group (`Conv2dGroupedWeight`, TAPS_OUTER
+    and SRC_TRANSPOSED, TILE_N = BLOCK_N): one block-diagonal product for several narrow groups; one image of dy and one of dx hold fewer than 2**31 elements. A pixel
     tile is I = BLOCK_M/BLOCK_Q images by BLOCK_Q pixels of one phase of each.
     Grid: (cdiv(B, I) * cdiv(PR*PC, BLOCK_Q), cdiv(C_IN, BLOCK_N), STRIDE_H*STRIDE_W), with
     PR = cdiv(H, STRIDE_H) and PC = cdiv(W, STRIDE_W) the rows and columns of a phase. Program
     (g * cdiv(PR*PC, BLOCK_Q) + t, pn, ph*STRIDE_W + pw) writes dx[b, c_in, ih, iw] for the images
     b in [g*I, (g+1)*I), their pixels ih = ph + i*STRIDE_H, iw = pw + j*STRIDE_W with i*PC + j in
     [t*BLOCK_Q, (t+1)*BLOCK_Q) that lie in the image, and the BLOCK_N channels c_in of tile pn:
-        dx = sum over (kh, kw, c_out) of dy[b, oh, ow, c_out] * w_t[kh, kw, c_in, c_out],
+        dx = sum over (kh, kw, c_out of c_in's group) of dy[b, oh, ow, c_out] * w_t[kh, kw, c_in, c_out - first],
         oh = (ih + PAD_H - kh*DIL_H) / STRIDE_H, ow = (iw + PAD_W - kw*DIL_W) / STRIDE_W,
     over the taps where both divisions are exact and (oh, ow) lies in dy (`phase_taps`); K runs
     over (tap pairs, c_out) in BLOCK_K slices, each inside one tap. Tensor-core products
@@ -90,22 +93,44 @@ def conv2d_gemm_cl_dx(
     c_in = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_in_ok = c_in < C_IN
     channel = tl.arange(0, BLOCK_K)
-    k_total = count_h * count_w * C_OUT
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k_first in range(0, k_total, BLOCK_K):
-        tap_pair = k_first // C_OUT
-        c_first = k_first - tap_pair * C_OUT
-        t_h = tap_pair // count_w
-        t_w = tap_pair % count_w
-        oh = oh_first - t_h * delta_h
-        ow = ow_first - t_w * delta_w
-        inside = pixel_ok & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
-        dy_tile = tl.load(dy + (dy_image_first + (oh * OW + ow) * C_OUT + c_first)[:, None] + channel[None, :],
-                          mask=inside[:, None], other=0.0)
-        tap = (first_h + t_h * step_h) * KW + first_w + t_w * step_w
-        w_rows = (tap * C_IN + c_in).to(tl.int64) * C_OUT + c_first
-        w_tile = tl.trans(tl.load(w_t + w_rows[:, None] + channel[None, :], mask=c_in_ok[:, None], other=0.0))
-        acc = conv_dot(dy_tile, w_tile, acc, TF32)
+    if G == 1:
+        k_total = count_h * count_w * C_OUT
+        for k_first in range(0, k_total, BLOCK_K):
+            tap_pair = k_first // C_OUT
+            c_first = k_first - tap_pair * C_OUT
+            t_h = tap_pair // count_w
+            t_w = tap_pair % count_w
+            oh = oh_first - t_h * delta_h
+            ow = ow_first - t_w * delta_w
+            inside = pixel_ok & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+            dy_tile = tl.load(dy + (dy_image_first + (oh * OW + ow) * C_OUT + c_first)[:, None] + channel[None, :],
+                              mask=inside[:, None], other=0.0)
+            tap = (first_h + t_h * step_h) * KW + first_w + t_w * step_w
+            w_rows = (tap * C_IN + c_in).to(tl.int64) * C_OUT + c_first
+            w_tile = tl.trans(tl.load(w_t + w_rows[:, None] + channel[None, :], mask=c_in_ok[:, None], other=0.0))
+            acc = conv_dot(dy_tile, w_tile, acc, TF32)
+    else:
+        cin_per_group = C_IN // G
+        cout_per_group = C_OUT // G
+        first, end = group_window(pid_n * BLOCK_N, BLOCK_N, cin_per_group, cout_per_group, C_OUT)
+        width = group_window_width(BLOCK_N, cout_per_group, cin_per_group, G)
+        slices = tl.cdiv(end - first, BLOCK_K)
+        for step in range(0, count_h * count_w * slices):
+            tap_pair = step // slices
+            c_out = first + (step % slices) * BLOCK_K + channel
+            t_h = tap_pair // count_w
+            t_w = tap_pair % count_w
+            oh = oh_first - t_h * delta_h
+            ow = ow_first - t_w * delta_w
+            inside = pixel_ok & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+            dy_tile = tl.load(dy + (dy_image_first + (oh * OW + ow) * C_OUT)[:, None] + c_out[None, :],
+                              mask=inside[:, None] & (c_out < end)[None, :], other=0.0)
+            tap = (first_h + t_h * step_h) * KW + first_w + t_w * step_w
+            w_rows = (tap * C_IN + c_in).to(tl.int64) * width
+            w_tile = tl.trans(tl.load(w_t + w_rows[:, None] + (c_out - first)[None, :],
+                                      mask=c_in_ok[:, None] & (c_out < end)[None, :], other=0.0))
+            acc = conv_dot(dy_tile, w_tile, acc, TF32)
     if DX_NHWC:
         pixel_first = ((b.to(tl.int64) * H + ih) * W + iw) * C_IN
         tl.store(dx + pixel_first[:, None] + c_in[None, :], acc.to(dx.dtype.element_ty),
@@ -124,8 +149,8 @@ def conv2d_gemm_cl_dx(
 
 Conv2dGemmClDx = kernel_object(
     conv2d_gemm_cl_dx,
-    helpers=(phase_taps, conv_dot),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, True, False, 128, 64, 64, 128),
+    helpers=(phase_taps, conv_dot, group_window, group_window_width),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, False, 128, 64, 64, 128),
     entry=conv2d_gemm_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("TF32", "DX_NHWC"),

@@ -2,8 +2,9 @@
 from ..common.checks import check_numel
 
 
-def check_conv_launch(k, a, groups):
-    """Check the sizes of a convolution launch (with dilation) against its tensors; return C_IN/G, C_OUT/G."""
+def check_conv_launch(k, a, groups, weight=True):
+    """Check the sizes of a convolution launch (with dilation) against its tensors (the weight `w` too, unless not
+    `weight`: a layout of the kernel's own, checked by it); return C_IN/G, C_OUT/G."""
     if a.C_IN % groups:
         raise ValueError(f"C_IN: expected a multiple of the {groups} groups, got {a.C_IN}")
     if a.C_OUT % groups:
@@ -24,7 +25,7 @@ def check_conv_launch(k, a, groups):
     y_numel = a.B * a.C_OUT * a.OH * a.OW
     for names, numel, formula in (
         (("x", "dx"), x_numel, "B*C_IN*H*W"),
-        (("w",), w_numel, "C_OUT*(C_IN/G)*KH*KW"),
+        (("w",) if weight else (), w_numel, "C_OUT*(C_IN/G)*KH*KW"),
         (("y", "dy"), y_numel, "B*C_OUT*OH*OW"),
     ):
         for name in names:
