@@ -46,25 +46,26 @@ def dw_tap_span(block_n: int, window: int) -> int:
 def grouped_dw_candidates(p) -> list[GemmConfig]:
     """Configs of the channels-last dw kernel on a grouped problem: BLOCK_M output channels (16 or a group's, then
     64 and 128; narrow groups share a tile) by the input channels of their groups (`window_width`), in column tiles
-    of up to 128, or of two or four taps of all of them where they are few; split over the pixels as the
-    one-group kernel's. The first three: each width once."""
+    of up to 128, or of two or four taps of all of them where they are few (a dy tile then serves each of those
+    taps); split over the pixels as the one-group kernel's. First the narrowest BLOCK_M spanning two taps, then
+    four, then one: what full tuning chose on the H200 for ResNeXt-50's layers (bf16, 1.1x to 1.4x faster
+    backward passes than the one-tap tiles)."""
     n_per_group, taps, pixels = p.C_OUT // p.groups, p.KH * p.KW, p.B * p.OH * p.OW
     group = clamp_pow2(n_per_group, 16, 128)
     if not p.machine.gpu:
         window = window_width(p.C_IN, p.cin_per_group, n_per_group, group, p.groups)
         return [GemmConfig(group, clamp_pow2(window, 16, 128), clamp_pow2(pixels, 16, 4096), 4, 1, 1)]
     wide = 64 if p.dtype != torch.float32 else 32
-    first, more = [], []
+    configs = []
     for block_m, warps in ((group, 4), (max(group, 64), 4), (max(group, 128), 8)):
         window = window_width(p.C_IN, p.cin_per_group, n_per_group, block_m, p.groups)
-        spans = [1] if window > 32 or window & (window - 1) else [1, 2, 4]
-        for index, span in enumerate(spans):
+        spans = [1] if window > 32 or window & (window - 1) else [2, 4, 1]
+        for span in spans:
             block_n = min(128, max(16, pow2_at_least(window) * span))
             span = dw_tap_span(block_n, window)
             tiles = -(-p.C_OUT // block_m) * -(-taps // span) * -(-window // (block_n // span))
-            (more if index else first).append(GemmConfig(block_m, block_n, wide, warps, 3,
-                                                         dw_split(tiles, pixels, wide, 2, p.machine)))
-    return list(dict.fromkeys(first + more))
+            configs.append(GemmConfig(block_m, block_n, wide, warps, 3, dw_split(tiles, pixels, wide, 2, p.machine)))
+    return list(dict.fromkeys(configs))
 
 
 def _expansion(p, tile_n, dx):
