@@ -23,6 +23,7 @@ CASES = [
     pytest.param((2, 24, 24, 6, 5, 3, 2, 1, 1, 3, True), id="8-per-group-3-groups-stride2"),
     pytest.param((2, 12, 24, 6, 6, 3, 1, 2, 2, 4, False), id="3-in-6-out-dilated"),
     pytest.param((2, 64, 32, 5, 4, 1, 1, 0, 1, 8, True), id="1x1-grouped"),
+    pytest.param((2, 8, 16, 6, 6, 3, 2, 1, 1, 8, True), id="depthwise-multiplier-2-stride2"),
 ]
 
 

@@ -81,3 +81,13 @@ def test_host_profile_counts_the_stubbed_launches_of_a_case():
     assert re.search(r"avg_pool2d 3x3 s2 p1: nnkernels [\d.]+ µs per forward \+ backward \(2 launches, stubbed\)",
                      done.stdout), done.stdout[:500]
     assert "function calls" in done.stdout
+
+
+def test_grouped_convs_takes_the_grouped_layers_only():
+    from nnkernels.conv_calls import ConvShape
+
+    def shape(c_in, c_out, groups):
+        return ConvShape((2, c_in, 8, 8), (c_out, c_in // groups, 3, 3), (1, 1), (1, 1), (1, 1), groups, False)
+
+    dense, grouped, depthwise, multiplier = shape(16, 16, 1), shape(16, 16, 4), shape(16, 16, 16), shape(16, 32, 16)
+    assert _tool("grouped_convs").grouped_layers([dense, grouped, depthwise, multiplier]) == [grouped, multiplier]
