@@ -1,6 +1,7 @@
 """What every test shares: the device the suite runs on, poisoned outputs, float64 references."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from nnkernels.kernel import INTERPRETED
 from nnkernels.machine import Machine
@@ -48,6 +49,18 @@ def assert_close(out, ref, dtype=None, tol=None, floor=0.0):
     err = (out64 - ref64).norm().item() / (max(ref64.norm().item(), floor) or 1.0)
     assert err <= tol, f"relative error {err:.3e} > {tol:.1e}"
 
+
+
+def assert_conv2d_matches_float64(y, grads, leaves, dy, options, dtype):
+    """y = conv2d(*leaves, *options) (leaves: x, weight and the bias where there is one) and `grads`, its gradients
+    for `dy`, within `dtype`'s tolerance of torch's convolution and autograd in float64 on the same data (the
+    gradients judged on the scale of their terms: sums of many can cancel)."""
+    ref_leaves = [t.detach().double().cpu().requires_grad_() for t in leaves]
+    ref_y = F.conv2d(*ref_leaves[:2], ref_leaves[2] if len(ref_leaves) > 2 else None, *options)
+    ref_grads = torch.autograd.grad(ref_y, ref_leaves, dy.double().cpu())
+    assert_close(y, ref_y, dtype)
+    for grad, ref in zip(grads, ref_grads):
+        assert_close(grad, ref, dtype, floor=ref.abs().sum().item() / ref.numel() ** 0.5)
 
 def dtype_id(dtype) -> str:
     """Readable test ids: fp32, fp16, bf16."""
