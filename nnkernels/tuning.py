@@ -6,7 +6,8 @@ compiled (the interpreter takes the first guess, which there means few, large pr
 switched off (`NNKERNELS_TUNE=off`), and the current CUDA stream is not capturing a graph (timing would break
 the capture). Choices are remembered in memory and in `$NNKERNELS_CACHE_DIR/tuning.json` (default
 `~/.cache/nnkernels/tuning.json`), keyed by the kind, the shape, the GPU, the Triton version and a hash of the
-library's kernel sources, so each shape is tuned once per machine and again after a kernel changes. Where
+sources of the kind's layer's kernels (`kernels_fingerprint`), so each shape is tuned once per machine and again
+after one of those kernels changes. Where
 neither holds a choice, the table shipped with the package (`nnkernels/tuned.json`, the same keys, made from
 tuning runs on the GPUs the project measures by `tools/ship_tuning.py`) answers before any timing.
 
@@ -22,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import pkgutil
 import tempfile
 import threading
 import time
@@ -130,22 +132,32 @@ def _save(full_key: str, choice):
 
 
 @functools.cache
-def kernels_fingerprint() -> str:
-    """12 hex digits of a hash over the sources of the library's kernels (helpers included)."""
+def kernels_fingerprint(kind: str) -> str:
+    """12 hex digits of a hash over the sources (helpers included) of the kernels a choice of tuning `kind` is made
+    among: a kind named after one of the layer packages of `nnkernels.ops` ("conv2d_dw": `ops/conv2d/`) hashes
+    that package's kernels and the shared ones of `ops/common/`, so a change to one layer's kernels re-tunes that
+    layer alone; any other kind, every one of the library's kernels."""
+    from . import ops
     from .kernel import catalogue
 
+    layers = [name for name in _layer_packages(ops) if kind.startswith(name)]
+    prefixes = (f"nnkernels.ops.{max(layers, key=len)}.", "nnkernels.ops.common.") if layers else ("nnkernels.",)
     digest = hashlib.sha256()
-    for cls in catalogue():
-        if cls.__module__.startswith("nnkernels."):
+    for cls in sorted(catalogue(), key=lambda cls: (cls.__module__, cls.__name__)):  # not import order
+        if cls.__module__.startswith(prefixes):
             digest.update(cls._kernel_source.encode())
     return digest.hexdigest()[:12]
+
+
+def _layer_packages(ops) -> list[str]:
+    return [module.name for module in pkgutil.iter_modules(ops.__path__) if module.ispkg and module.name != "common"]
 
 
 def _full_key(kind: str, key) -> str:
     import triton
 
     device = machine_of(torch.device("cuda", torch.cuda.current_device())).name if torch.cuda.is_available() else "cpu"
-    return f"{kind}|{key}|{device}|triton {triton.__version__}|kernels {kernels_fingerprint()}|{CHOICES_FORMAT}"
+    return f"{kind}|{key}|{device}|triton {triton.__version__}|kernels {kernels_fingerprint(kind)}|{CHOICES_FORMAT}"
 
 
 def _time_ms(run, choice) -> float:

@@ -354,9 +354,11 @@ def test_a_remembered_choice_is_answered_from_memory(gpu_tuning, monkeypatch):
 
 
 def test_a_remembered_choice_holds_only_for_the_kernel_sources_it_timed(monkeypatch):
-    """A kernel whose source changes (a library upgrade) gets its shapes tuned again: the key of a
-    remembered choice changes with any kernel's source, and only with the library's kernels."""
+    """A kernel whose source changes (a library upgrade) gets its layer's shapes tuned again: the key of a
+    remembered choice changes with the source of any kernel of its layer's package (`ops/conv2d/`, with the shared
+    `ops/common/`), and only with those (not with another layer's kernels, nor with a user's)."""
     from nnkernels import kernel
+    from nnkernels.ops.batch_norm.train import BatchNorm2dPartialStats
     from nnkernels.ops.conv2d.pointwise import Conv2dPointwise
 
     def key():
@@ -370,6 +372,12 @@ def test_a_remembered_choice_holds_only_for_the_kernel_sources_it_timed(monkeypa
         assert key() != before
         monkeypatch.undo()
         assert key() == before
+        batch_norm_before = tuning._full_key("batch_norm_train_forward_split", (1, 2))
+        monkeypatch.setattr(BatchNorm2dPartialStats, "_kernel_source",
+                            BatchNorm2dPartialStats._kernel_source + "\n# changed")
+        assert key() == before
+        assert tuning._full_key("batch_norm_train_forward_split", (1, 2)) != batch_norm_before
+        monkeypatch.undo()
         user_kernel = type("UserKernel", (), {"__module__": "user_code", "_kernel_source": "# a user's kernel"})
         monkeypatch.setitem(kernel._CATALOGUE, "UserKernel", user_kernel)
         assert key() == before

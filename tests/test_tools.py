@@ -62,7 +62,7 @@ def test_ship_tuning_keeps_the_current_kernels_choices_only(tmp_path):
     from nnkernels import tuning
 
     tool = _tool("ship_tuning")
-    current = f"|kernels {tuning.kernels_fingerprint()}|{tuning.CHOICES_FORMAT}"
+    current = f"|kernels {tuning.kernels_fingerprint('conv2d_dw')}|{tuning.CHOICES_FORMAT}"
     cache = tmp_path / "tuning.json"
     cache.write_text(json.dumps({"conv2d_dw|(1,)|NVIDIA H200|triton 3.6.0" + current: {"algorithm": "tma_dw"},
                                  "conv2d_dw|(1,)|NVIDIA H200|triton 3.6.0|kernels 0123|choices 2": {"x": 1}}))

@@ -3,8 +3,8 @@
     PYTHONPATH=. python3 tools/ship_tuning.py CACHE.json [CACHE.json ...] [--into nnkernels/tuned.json]
 
 Each CACHE is a `tuning.json` a GPU run wrote (e.g. `nnkernels bench models` with NNKERNELS_CACHE_DIR set).
-Entries whose key names the current kernel sources (their fingerprint) and choice format are merged into the
-table, later files winning; entries of older sources are dropped, so a table only ever answers for the kernels
+Entries whose key names the current sources of their op's kernels (their fingerprint) and choice format are merged
+into the table, later files winning; entries of older sources are dropped, so a table only ever answers for the kernels
 it was tuned on. Run where the package imports (no GPU needed).
 """
 import argparse
@@ -15,8 +15,11 @@ from nnkernels import tuning
 
 
 def current_entries(cache: dict) -> dict:
-    suffix = f"|kernels {tuning.kernels_fingerprint()}|{tuning.CHOICES_FORMAT}"
-    return {key: value for key, value in cache.items() if key.endswith(suffix) and isinstance(value, dict)}
+    """The entries whose key names the current sources of their op's kernels and the current choice format."""
+    def current(key):
+        return key.endswith(f"|kernels {tuning.kernels_fingerprint(key.split('|', 1)[0])}|{tuning.CHOICES_FORMAT}")
+
+    return {key: value for key, value in cache.items() if current(key) and isinstance(value, dict)}
 
 
 def main(argv=None):
