@@ -7,13 +7,14 @@ switched off (`NNKERNELS_TUNE=off`), and the current CUDA stream is not capturin
 the capture). Choices are remembered in memory and in `$NNKERNELS_CACHE_DIR/tuning.json` (default
 `~/.cache/nnkernels/tuning.json`), keyed by the kind, the shape, the GPU, the Triton version and a hash of the
 sources of the kind's layer's kernels (`kernels_fingerprint`), so each shape is tuned once per machine and again
-after one of those kernels changes. Where
-neither holds a choice, the table shipped with the package (`nnkernels/tuned.json`, the same keys, made from
-tuning runs on the GPUs the project measures by `tools/ship_tuning.py`) answers before any timing.
+after one of those kernels changes. Where neither holds a choice, the table shipped with the package
+(`nnkernels/tuned.json`, the same keys, made from tuning runs on the GPUs the project measures by
+`tools/ship_tuning.py`) answers before any timing.
 
 Cost bound: candidates are tried in order and no new one is started once TUNING_BUDGET_S have passed since
 `choose` began on this kind and shape. `NNKERNELS_TUNE=quick` (the default) tries the first QUICK_CANDIDATES,
-`full` all of them. The tuner knows no op: what a choice means is its caller's.
+`full` all of them. What a choice means is its caller's: the tuner knows no op, only that a kind begins with
+its layer's name (`kernels_fingerprint`).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Grouped convolutions (groups > 1, not depthwise) on the channels-last kernels (`ops/conv2d/channels_last*.py`):
 a product tile of BLOCK_N channels spans the groups those channels belong to and multiplies a block-diagonal weight
 tile, which `Conv2dGroupedWeight` writes once per call (`expanded_weight`). Here: their candidate configs, and that
-weight. ResNeXt's groups hold 4 to 32 channels: one tile per group would leave the tensor cores' 16-wide products
-mostly empty, and tiles of several groups redo no more work than those products are fast."""
+weight. ResNeXt's groups hold 4 to 32 channels: a tile per group would leave most of each 16-wide tensor-core
+product empty; a tile of several groups fills it, multiplying the zeros of the block-diagonal weight too."""
 from __future__ import annotations
 
 import torch
@@ -68,13 +68,12 @@ def grouped_dw_candidates(p) -> list[GemmConfig]:
     return list(dict.fromkeys(configs))
 
 
-def _expansion(p, tile_n, dx):
+def _expansion(p, dx):
     """(rows, n per group, r per group, transposed, taps outer) of the weight p's forward (`dx` False; of a
     `dx_forward` problem too, whose weight is the convolution's own, transposed) or strided dx reads."""
-    groups = p.groups
     if dx:
-        return p.C_IN, p.cin_per_group, p.C_OUT // groups, True, True
-    return p.C_OUT, p.C_OUT // groups, p.cin_per_group, p.flip_taps, False
+        return p.C_IN, p.cin_per_group, p.C_OUT // p.groups, True, True
+    return p.C_OUT, p.C_OUT // p.groups, p.cin_per_group, p.flip_taps, False
 
 
 def _weight_kernel(p, width, transposed, taps_outer):
@@ -85,14 +84,14 @@ def _weight_kernel(p, width, transposed, taps_outer):
 
 def expanded_weight_kernels(p, tile_n: int, dx: bool = False) -> list:
     """The launch `expanded_weight(p, tile_n, dx)` makes."""
-    rows, n, r, transposed, taps_outer = _expansion(p, tile_n, dx)
+    _, n, r, transposed, taps_outer = _expansion(p, dx)
     return [_weight_kernel(p, window_width(r * p.groups, r, n, tile_n, p.groups), transposed, taps_outer)]
 
 
 def expanded_weight(p, tile_n: int, dx: bool = False):
     """weight ([C_OUT, C_IN/G, KH, KW], contiguous) -> the block-diagonal rows the channels-last forward (`dx`
     False) or strided dx kernel (`dx`) of tile width `tile_n` reads on grouped problem p (`Conv2dGroupedWeight`)."""
-    rows, n, r, transposed, taps_outer = _expansion(p, tile_n, dx)
+    rows, n, r, transposed, taps_outer = _expansion(p, dx)
     taps, width = p.KH * p.KW, window_width(r * p.groups, r, n, tile_n, p.groups)
     launch, new = Launcher(_weight_kernel(p, width, transposed, taps_outer)), allocator(p.dtype, p.device)
     sizes = (rows, taps, n, r, tile_n, width)
