@@ -27,9 +27,9 @@ import torch
 from torch._prims_common import suggest_memory_format
 
 from .. import machine
-from .batchnorm_algorithms import (F32, BatchNormProblem, eval_backward_kernels, eval_backward_runner,
-                                   eval_forward_kernels, eval_forward_runner, train_backward_kernels,
-                                   train_backward_runner, train_forward_kernels, train_forward_runner)
+from . import batchnorm_algorithms as nchw_passes
+from . import batchnorm_nhwc as nhwc_passes
+from .batchnorm_algorithms import F32, BatchNormProblem
 from .common import (ALIGNMENT, FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, direct_apply, elsewhere,
                      operator, record, register_autograd, register_fake, register_kernels)
 from .double_backward import batch_norm_eval_grads, batch_norm_train_grads
@@ -144,21 +144,29 @@ class BatchNormPlan:
         return self.run(step, *args)
 
 
-_STEPS = {
-    "train_forward": (lambda p, c: train_forward_runner(p, c, False), lambda p, c: train_forward_kernels(p, c, False)),
-    "train_forward_update": (lambda p, c: train_forward_runner(p, c, True),
-                             lambda p, c: train_forward_kernels(p, c, True)),
-    "train_backward": (train_backward_runner, train_backward_kernels),
-    "eval_forward": (eval_forward_runner, eval_forward_kernels),
-    "eval_backward": (eval_backward_runner, eval_backward_kernels),
-}
+def _steps(passes):
+    """{step: (runner maker, kernels)} of the module `passes` (NCHW or channels-last kernels)."""
+    return {
+        "train_forward": (lambda p, c: passes.train_forward_runner(p, c, False),
+                          lambda p, c: passes.train_forward_kernels(p, c, False)),
+        "train_forward_update": (lambda p, c: passes.train_forward_runner(p, c, True),
+                                 lambda p, c: passes.train_forward_kernels(p, c, True)),
+        "train_backward": (passes.train_backward_runner, passes.train_backward_kernels),
+        "eval_forward": (passes.eval_forward_runner, passes.eval_forward_kernels),
+    }
+
+
+# The evaluation backward runs on NCHW kernels for either layout (`BatchNormPlan.nchw_problem`).
+_NCHW_STEPS = {**_steps(nchw_passes), "eval_backward": (nchw_passes.eval_backward_runner,
+                                                        nchw_passes.eval_backward_kernels)}
+_NHWC_STEPS = _steps(nhwc_passes)
 
 
 def _tuned(problem, step, args):
     """(runner, kernel ids) of `step`'s config, tuned on this first call's arguments. The training forward that
     updates the running statistics is tuned as the one that does not (the same kernels, the update aside), and
     its timed runs write their update to scratch."""
-    make, kernels = _STEPS[step]
+    make, kernels = (_NHWC_STEPS if problem.nhwc else _NCHW_STEPS)[step]
     tuned_step = "train_forward" if step == "train_forward_update" else step
     candidates, decode = problem.candidates(tuned_step)
     runners = {}

@@ -6,7 +6,7 @@ A [B, C, HW] problem whose channel fits one tile takes the grouped kernels: seve
 channel's tiles cut into chunks, per-chunk partials, then a second pass (`SplitConfig`: elements per tile,
 programs aimed at, warps). Which of the two runs is a rule (`fits_one_tile`); within each, tuning picks.
 A channels-last 4-D input (`BatchNormProblem.nhwc`) takes the channels-last kernels of `batchnorm_nhwc` instead,
-in training and in the evaluation forward.
+in training and in the evaluation forward: its candidates here, its passes there (the plan picks the module).
 """
 from __future__ import annotations
 
@@ -195,8 +195,6 @@ def _grouped(problem, config):
 # ---- runners: what one call of a pass launches, for one config ----
 
 def train_forward_kernels(problem, config, update_running):
-    if problem.nhwc:
-        return nhwc.train_forward_kernels(problem, config, update_running)
     if problem.fused:
         return [_grouped_kernel(BatchNorm2dTrainForwardFused, problem.dtype, _grouped(problem, config),
                                 config.num_warps, (update_running,))]
@@ -211,8 +209,6 @@ def train_forward_runner(problem, config, update_running):
     """run(x, weight, bias, running_mean, running_var, eps, momentum) -> (y, mean, rstd, var_unbiased), updating the
     running statistics in place when `update_running` (in the grouped kernel's one pass, in the split's second).
     weight and bias are fp32."""
-    if problem.nhwc:
-        return nhwc.train_forward_runner(problem, config, update_running)
     B, C, HW = problem.dims
     launches = [Launcher(k) for k in train_forward_kernels(problem, config, update_running)]
     shape, new, new_f32 = problem.shape, allocator(problem.dtype, problem.device), allocator(F32, problem.device)
@@ -249,8 +245,6 @@ def train_forward_runner(problem, config, update_running):
 
 
 def train_backward_kernels(problem, config):
-    if problem.nhwc:
-        return nhwc.train_backward_kernels(problem, config)
     if problem.fused:
         return [_grouped_kernel(BatchNorm2dTrainBackwardFused, problem.dtype, _grouped(problem, config),
                                 config.num_warps)]
@@ -263,8 +257,6 @@ def train_backward_kernels(problem, config):
 
 def train_backward_runner(problem, config):
     """run(dy, x, weight, mean, rstd) -> (dx, dweight, dbias), the parameter gradients in fp32."""
-    if problem.nhwc:
-        return nhwc.train_backward_runner(problem, config)
     B, C, HW = problem.dims
     launches = [Launcher(k) for k in train_backward_kernels(problem, config)]
     shape, new, new_f32 = problem.shape, allocator(problem.dtype, problem.device), allocator(F32, problem.device)
@@ -300,8 +292,6 @@ def _eval_plan(problem):
 
 
 def eval_forward_kernels(problem, config):
-    if problem.nhwc:
-        return nhwc.eval_forward_kernels(problem, config)
     if problem.fused:
         return [_grouped_kernel(BatchNorm2dEvalForwardGrouped, problem.dtype, _grouped(problem, config),
                                 config.num_warps)]
@@ -311,8 +301,6 @@ def eval_forward_kernels(problem, config):
 
 def eval_forward_runner(problem, config):
     """run(x, weight, bias, running_mean, running_var, eps) -> y."""
-    if problem.nhwc:
-        return nhwc.eval_forward_runner(problem, config)
     B, C, HW = problem.dims
     launch = Launcher(eval_forward_kernels(problem, config)[0])
     shape, new = problem.shape, allocator(problem.dtype, problem.device)
