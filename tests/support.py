@@ -62,6 +62,29 @@ def assert_conv2d_matches_float64(y, grads, leaves, dy, options, dtype):
     for grad, ref in zip(grads, ref_grads):
         assert_close(grad, ref, dtype, floor=ref.abs().sum().item() / ref.numel() ** 0.5)
 
+
+# Relative tolerance of batch norm's fp32 per-channel results (statistics, dweight, dbias), from any input dtype.
+BN_STATS_TOLERANCE = 2e-5
+
+
+def batch_norm_train_ops_match(x, weight, bias, dy, references, dtype):
+    """nnkernels' training batch-norm forward and backward operators on (x, weight, bias, dy) within `dtype`'s
+    tolerance of float64 `references` (y, dx, dweight, dbias), the batch mean and unbiased variance too; returns
+    (y, dx) and the kernel ids the two passes launched."""
+    from nnkernels.functional import batchnorm, last_kernels
+
+    y64, dx64, dw64, db64 = references
+    y, mean, rstd, var_unbiased = batchnorm.batch_norm_train_op(x, weight, bias, 1e-5)
+    dx, dweight, dbias = batchnorm.batch_norm_train_backward_op(dy, x, weight, mean, rstd)
+    assert_close(mean, x.double().mean((0, 2, 3)), tol=BN_STATS_TOLERANCE)
+    assert_close(var_unbiased, x.double().var((0, 2, 3), unbiased=True), tol=BN_STATS_TOLERANCE)
+    assert_close(y, y64, dtype)
+    assert_close(dx, dx64, dtype)
+    assert_close(dweight, dw64, tol=BN_STATS_TOLERANCE)
+    assert_close(dbias, db64, tol=BN_STATS_TOLERANCE)
+    launched = last_kernels("batch_norm")
+    return (y, dx), tuple(launched["train_forward"] + launched["train_backward"])
+
 def dtype_id(dtype) -> str:
     """Readable test ids: fp32, fp16, bf16."""
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]

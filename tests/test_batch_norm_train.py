@@ -10,11 +10,9 @@ from nnkernels import tuning
 from nnkernels.functional import batchnorm_algorithms as algorithms
 from nnkernels.functional import clear_plans, last_kernels
 from nnkernels.ops.batch_norm.train import BatchNorm2dTrainNormalize
-from support import DEVICE, DTYPES, GPU, assert_close, gpu, poisoned, randn
+from support import (BN_STATS_TOLERANCE, DEVICE, DTYPES, GPU, assert_close, batch_norm_train_ops_match, gpu, poisoned,
+                     randn)
 from nnkernels.functional import batchnorm as bn
-
-# Relative tolerance of the fp32 per-channel results (dweight, dbias, statistics) from any input dtype.
-STATS_TOL = 2e-5
 
 
 def _use_plan(kind, monkeypatch):
@@ -57,9 +55,9 @@ def test_forward_and_backward_match_pytorch(plan, dtype, training, monkeypatch):
     if training:
         y, mean, rstd, var_unbiased = bn.batch_norm_train_op(x, weight, bias, 1e-5)
         x64 = x.double()
-        assert_close(mean, x64.mean((0, 2, 3)), tol=STATS_TOL)
-        assert_close(rstd, (x64.var((0, 2, 3), unbiased=False) + 1e-5).rsqrt(), tol=STATS_TOL)
-        assert_close(var_unbiased, x64.var((0, 2, 3), unbiased=True), tol=STATS_TOL)
+        assert_close(mean, x64.mean((0, 2, 3)), tol=BN_STATS_TOLERANCE)
+        assert_close(rstd, (x64.var((0, 2, 3), unbiased=False) + 1e-5).rsqrt(), tol=BN_STATS_TOLERANCE)
+        assert_close(var_unbiased, x64.var((0, 2, 3), unbiased=True), tol=BN_STATS_TOLERANCE)
         dx, dweight, dbias = bn.batch_norm_train_backward_op(dy, x, weight, mean, rstd)
         step = "train"
     else:
@@ -68,8 +66,8 @@ def test_forward_and_backward_match_pytorch(plan, dtype, training, monkeypatch):
         step = "eval"
     assert_close(y, y64, dtype)
     assert_close(dx, dx64, dtype)
-    assert_close(dweight, dw64, tol=STATS_TOL)
-    assert_close(dbias, db64, tol=STATS_TOL)
+    assert_close(dweight, dw64, tol=BN_STATS_TOLERANCE)
+    assert_close(dbias, db64, tol=BN_STATS_TOLERANCE)
     launched = " ".join(last_kernels("batch_norm")[f"{step}_forward"] + last_kernels("batch_norm")[f"{step}_backward"])
     if step == "train":
         assert ("fused" in launched) == (plan == "fused")
@@ -99,15 +97,15 @@ def test_training_updates_running_stats_once_in_its_forward(plan, dtype):
     y = bn.batch_norm(x, running_mean, running_var, weight, bias, training=True, momentum=0.3)
     x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, weight, bias))
     y64 = F.batch_norm(x64, mean64, var64, w64, b64, training=True, momentum=0.3)
-    assert_close(running_mean, mean64, tol=STATS_TOL)
-    assert_close(running_var, var64, tol=STATS_TOL)
+    assert_close(running_mean, mean64, tol=BN_STATS_TOLERANCE)
+    assert_close(running_var, var64, tol=BN_STATS_TOLERANCE)
     assert_close(y, y64, dtype)
     dy = randn(B, C, H, W, dtype=dtype)
     y.backward(dy)
     y64.backward(dy.double())
     assert_close(x.grad, x64.grad, dtype)
-    assert_close(weight.grad, w64.grad, tol=STATS_TOL)
-    assert_close(bias.grad, b64.grad, tol=STATS_TOL)
+    assert_close(weight.grad, w64.grad, tol=BN_STATS_TOLERANCE)
+    assert_close(bias.grad, b64.grad, tol=BN_STATS_TOLERANCE)
     forward = last_kernels("batch_norm")["train_forward_update"]
     assert len(forward) == (1 if plan == "fused" else 2), forward
 
@@ -155,8 +153,8 @@ def test_split_kernels_on_gpu_are_deterministic_and_correct(dtype):
     y, _, _, _, dx, dweight, dbias = runs[0][:7]
     assert_close(y, y64, dtype)
     assert_close(dx, dx64, dtype)
-    assert_close(dweight, dw64, tol=STATS_TOL)
-    assert_close(dbias, db64, tol=STATS_TOL)
+    assert_close(dweight, dw64, tol=BN_STATS_TOLERANCE)
+    assert_close(dbias, db64, tol=BN_STATS_TOLERANCE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d).replace("torch.", ""))
@@ -184,13 +182,5 @@ def test_every_split_candidate_is_correct(dtype, monkeypatch, gpu_lists):
 
         monkeypatch.setattr(tuning, "choose", pick)
         clear_plans()
-        y, mean, rstd, var_unbiased = bn.batch_norm_train_op(x, weight, bias, 1e-5)
-        dx, dweight, dbias = bn.batch_norm_train_backward_op(dy, x, weight, mean, rstd)
-        assert_close(mean, x.double().mean((0, 2, 3)), tol=STATS_TOL)
-        assert_close(var_unbiased, x.double().var((0, 2, 3), unbiased=True), tol=STATS_TOL)
-        assert_close(y, y64, dtype)
-        assert_close(dx, dx64, dtype)
-        assert_close(dweight, dw64, tol=STATS_TOL)
-        assert_close(dbias, db64, tol=STATS_TOL)
-        launched.add(tuple(last_kernels("batch_norm")["train_forward"] + last_kernels("batch_norm")["train_backward"]))
+        launched.add(batch_norm_train_ops_match(x, weight, bias, dy, (y64, dx64, dw64, db64), dtype)[1])
     assert len(launched) >= 4, launched
