@@ -111,19 +111,19 @@ def test_channels_last_kernels_match_float64(dtype, y_nhwc):
     x_cl, w_cl, dy_cl = (t.permute(0, 2, 3, 1).contiguous() for t in (x, w, dy))
     stored = poisoned(B, OH, OW, C_OUT, dtype=dtype) if y_nhwc else poisoned(B, C_OUT, OH, OW, dtype=dtype)
     no_partial = torch.empty(0, device=x.device)
-    Conv2dGemmClForward(*geometry, 1, True, False, False, y_nhwc, 32, 16, 16, 8, 1, dtype=dtype).launch(
+    Conv2dGemmClForward(*geometry, 1, False, True, False, False, y_nhwc, 32, 16, 16, 8, 1, dtype=dtype).launch(
         x_cl, w_cl, bias, stored, no_partial, *sizes)
     y = stored.permute(0, 3, 1, 2) if y_nhwc else stored
     split = 3
     partial = poisoned(split, dw_partial_size(C_OUT, C_IN, 3, 3, True), dtype=torch.float32)
-    Conv2dGemmClDw(*geometry, 1, True, False, 16, 16, 16, 1, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
+    Conv2dGemmClDw(*geometry, 1, False, True, False, 16, 16, 16, 1, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
     dw, dbias = poisoned(C_OUT, C_IN, 3, 3, dtype=dtype), poisoned(C_OUT, dtype=dtype)
     Conv2dDwReduce(True, 1, 1, 2, 64, dtype=dtype).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
     y64, _, dw64, db64 = _references(x, w, bias, dy, stride, pad, dil, 1)
     for out, ref in ((y, y64), (dw, dw64), (dbias, db64)):
         assert_close(out, ref, dtype)
     with pytest.raises(ValueError, match="C_IN: expected a multiple of block_k"):
-        Conv2dGemmClForward(*geometry, 1, True, False, False, y_nhwc, 32, 16, 64, 32, 1, dtype=dtype).launch(
+        Conv2dGemmClForward(*geometry, 1, False, True, False, False, y_nhwc, 32, 16, 64, 32, 1, dtype=dtype).launch(
             x_cl, w_cl, bias, stored, no_partial, *sizes)
 
 
@@ -141,14 +141,14 @@ def test_channels_last_forward_split_over_k(dtype, split_k, y_nhwc):
     x_cl, w_cl = (t.permute(0, 2, 3, 1).contiguous() for t in (x, w))
     stored = poisoned(B, OH, OW, C_OUT, dtype=dtype) if y_nhwc else poisoned(B, C_OUT, OH, OW, dtype=dtype)
     partial = poisoned(split_k, B * C_OUT * OH * OW)
-    Conv2dGemmClForward(*geometry, 1, True, False, False, y_nhwc, 32, 16, 16, 8, split_k, dtype=dtype).launch(
+    Conv2dGemmClForward(*geometry, 1, False, True, False, False, y_nhwc, 32, 16, 16, 8, split_k, dtype=dtype).launch(
         x_cl, w_cl, bias, stored, partial, *sizes)
     assert torch.isnan(stored).all()
     Conv2dDwReduce(False, 1, 1, 4, 64, dtype=dtype).launch(partial, stored, stored, split_k, stored.numel(), C_OUT)
     y = stored.permute(0, 3, 1, 2) if y_nhwc else stored
     assert_close(y, _references(x, w, bias, randn(*y.shape), stride, pad, dil, 1)[0], dtype)
     with pytest.raises(ValueError, match="split_k: expected at most the 18 K-steps"):
-        Conv2dGemmClForward(*geometry, 1, True, False, False, y_nhwc, 32, 16, 16, 8, 19, dtype=dtype).launch(
+        Conv2dGemmClForward(*geometry, 1, False, True, False, False, y_nhwc, 32, 16, 16, 8, 19, dtype=dtype).launch(
             x_cl, w_cl, bias, stored, poisoned(19, B * C_OUT * OH * OW), *sizes)
 
 
@@ -161,7 +161,7 @@ def test_channels_last_forward_reads_flipped_taps(dtype):
     x, w, bias = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, 3, 2, dtype=dtype), randn(C_OUT, dtype=dtype)
     x_cl, w_flipped = x.permute(0, 2, 3, 1).contiguous(), w.flip(2, 3).permute(0, 2, 3, 1).contiguous()
     y = poisoned(B, C_OUT, OH, OW, dtype=dtype)
-    Conv2dGemmClForward(3, 2, *stride, *pad, *dil, 1, True, False, True, False, 32, 16, 16, 8, 1, dtype=dtype).launch(
+    Conv2dGemmClForward(3, 2, *stride, *pad, *dil, 1, False, True, False, True, False, 32, 16, 16, 8, 1, dtype=dtype).launch(
         x_cl, w_flipped, bias, y, torch.empty(0, device=x.device), B, C_IN, C_OUT, H, W, OH, OW)
     assert_close(y, _references(x, w, bias, randn(*y.shape), stride, pad, dil, 1)[0], dtype)
 
@@ -178,15 +178,15 @@ def test_channels_last_dw_tiles_spanning_taps(dtype, tap_span):
     geometry, sizes, split = (3, 3, *stride, *pad, *dil), (B, C_IN, C_OUT, H, W, OH, OW), 2
     x_cl, dy_cl = (t.permute(0, 2, 3, 1).contiguous() for t in (x, dy))
     partial = poisoned(split, dw_partial_size(C_OUT, C_IN, 3, 3, True), dtype=torch.float32)
-    kernel = Conv2dGemmClDw(*geometry, 1, True, False, 16, 16 * tap_span, 16, tap_span, dtype=dtype)
+    kernel = Conv2dGemmClDw(*geometry, 1, False, True, False, 16, 16 * tap_span, 16, tap_span, dtype=dtype)
     kernel.launch(dy_cl, x_cl, partial, *sizes, split)
     dw, dbias = poisoned(C_OUT, C_IN, 3, 3, dtype=dtype), poisoned(C_OUT, dtype=dtype)
     Conv2dDwReduce(True, 1, 1, 2, 64, dtype=dtype).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
     _, _, dw64, db64 = _references(x, w, None, dy, stride, pad, dil, 1)
     assert_close(dw, dw64, dtype)
     assert_close(dbias, dy.double().sum((0, 2, 3)), dtype)
-    with pytest.raises(ValueError, match="block_n: expected tap_span \* 16"):
-        Conv2dGemmClDw(*geometry, 1, True, False, 16, 16, 16, 2, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
+    with pytest.raises(ValueError, match=r"block_n: expected tap_span \* 16"):
+        Conv2dGemmClDw(*geometry, 1, False, True, False, 16, 16, 16, 2, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
 
 
 # (B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dilation): C_OUT a multiple of BLOCK_K = 16, C_IN anything.
@@ -210,7 +210,7 @@ def test_channels_last_dx_matches_float64(case, dtype, block_q, dx_nhwc):
     x, w, dy = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, KH, KW, dtype=dtype), randn(B, C_OUT, OH, OW,
                                                                                                   dtype=dtype)
     dx = poisoned(*((B, H, W, C_IN) if dx_nhwc else (B, C_IN, H, W)), dtype=dtype)
-    kernel = Conv2dGemmClDx(KH, KW, *stride, *pad, *dil, 1, False, dx_nhwc, 32, 16, 16, block_q, dtype=dtype)
+    kernel = Conv2dGemmClDx(KH, KW, *stride, *pad, *dil, 1, False, False, dx_nhwc, 32, 16, 16, block_q, dtype=dtype)
     w_t = w.permute(2, 3, 1, 0).contiguous()
     kernel.launch(dy.permute(0, 2, 3, 1).contiguous(), w_t, dx, B, C_IN, C_OUT, H, W, OH, OW)
     dx = dx.permute(0, 3, 1, 2) if dx_nhwc else dx

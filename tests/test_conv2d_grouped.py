@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nnkernels.functional.conv import conv2d, kernels_for
-from nnkernels.ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward
+from nnkernels.ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward, whole_windows
 from nnkernels.ops.conv2d.grouped_weight import Conv2dGroupedWeight
 from support import DTYPES, assert_conv2d_matches_float64, dtype_id, force_choice, randn
 
@@ -76,14 +76,47 @@ def test_grouped_layers_run_on_the_channels_last_kernels():
     assert all("conv2d_gemm_cl" not in k for k in depthwise)
 
 
+@pytest.mark.parametrize("sizes, whole", [
+    ((128, 4, 4, 16, 32, 16), True),  # ResNeXt's first stage: 4 groups a tile
+    ((1024, 32, 32, 16, 32, 16), True),  # a tile inside one group
+    ((128, 4, 4, 64, 32, 64), True),  # 16 groups a tile, 2 tiles
+    ((48, 24, 24, 32, 2, 32), False),  # tiles straddle groups
+    ((24, 8, 8, 16, 3, 16), False),  # 2 groups a tile, 3 groups: the last tile's window is cut short
+    ((12, 4, 4, 16, 3, 16), False),  # a window of 12 channels, slices of 16
+    ((64, 64, 64, 16, 1, 16), False),  # one group: no windows
+])
+def test_whole_windows(sizes, whole):
+    """(c_in, in per group, out per group, tile, groups, slice) -> whether every tile's window is whole, aligned and
+    a whole number of slices."""
+    assert whole_windows(*sizes) is whole
+
+
+def test_grouped_cases_cover_whole_and_masked_windows():
+    """The float64 cases run the grouped forward both with WHOLE_WINDOWS (unmasked vector loads) and without."""
+    flags = set()
+    for case in CASES:
+        B, C_IN, C_OUT, H, W, k, stride, padding, dilation, groups, _ = case.values[0]
+        ids = kernels_for((B, C_IN, H, W), (C_OUT, C_IN // groups, k, k), stride, padding, dilation, groups,
+                          dtype=torch.bfloat16, channels_last=True)
+        forward = next(i for i in ids if i.startswith("conv2d_gemm_cl_forward"))
+        flags.add(forward.split("__")[2 + 9])  # the constant after the 8 of the geometry and G
+    assert flags == {"0", "1"}, flags
+
+
 def test_grouped_launch_checks():
-    """A grouped forward cannot split K; a dw tile spanning taps must hold the whole window of its groups."""
+    """A grouped forward cannot split K, nor skip the channel mask where windows are not whole; a dw tile spanning
+    taps must hold the whole window of its groups."""
     x, w, y = randn(1, 5, 5, 16), randn(16 * 9 * 16), randn(1, 16, 5, 5)  # w: 16-wide rows of 4 groups
-    split = Conv2dGemmClForward(3, 3, 1, 1, 1, 1, 1, 1, 4, False, False, False, False, 32, 16, 16, 32, 2,
+    straddling = Conv2dGemmClForward(3, 3, 1, 1, 1, 1, 1, 1, 2, True, False, False, False, False, 32, 16, 16, 32, 1,
+                                     dtype=torch.float32)
+    x24, w24, y24 = randn(1, 5, 5, 48), randn(48 * 9 * 48), randn(1, 48, 5, 5)  # 24 per group: 48-wide rows
+    with pytest.raises(ValueError, match="whole_windows: expected False"):
+        straddling.launch(x24, w24, y24, y24, torch.empty(0, device=x.device), 1, 48, 48, 5, 5, 5, 5)
+    split = Conv2dGemmClForward(3, 3, 1, 1, 1, 1, 1, 1, 4, False, False, False, False, False, 32, 16, 16, 32, 2,
                                 dtype=torch.float32)
     with pytest.raises(ValueError, match="split_k: expected 1 for a grouped convolution"):
         split.launch(x, w, y, y, torch.empty(0, device=x.device), 1, 16, 16, 5, 5, 5, 5)
-    dw = Conv2dGemmClDw(3, 3, 1, 1, 1, 1, 1, 1, 4, False, False, 16, 32, 16, 4, dtype=torch.float32)
+    dw = Conv2dGemmClDw(3, 3, 1, 1, 1, 1, 1, 1, 4, False, False, False, 16, 32, 16, 4, dtype=torch.float32)
     with pytest.raises(ValueError, match="block_n: expected tap_span"):
         dw.launch(randn(1, 5, 5, 16), x, torch.empty(16 * 4 * 9, device=x.device), 1, 16, 16, 5, 5, 5, 5, 1)
     expand = Conv2dGroupedWeight(False, False, 64, 16, dtype=torch.float32)

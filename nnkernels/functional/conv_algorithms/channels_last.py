@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 
 from ...launcher import Launcher
-from ...ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward, window_width
+from ...ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward, whole_windows, window_width
 from ...ops.conv2d.channels_last_dx import Conv2dGemmClDx
 from ..layout import (channels_first_copy, channels_first_copy_kernels, channels_last_copy, channels_last_copy_kernels,
                       channels_last_pair_copy, channels_last_pair_kernels, transpose_copy)
@@ -233,8 +233,9 @@ class ClForward(Algorithm):
 
     def kernels(self, p, config):
         block_q = image_tile(config.block_m, p.OH * p.OW, config.image_pixels)
-        constants = p.geometry + (p.groups, p.has_bias, p.tf32, p.flip_taps, p.nhwc, config.block_m, config.block_n,
-                                  config.block_k, block_q, config.split)
+        whole = whole_windows(p.C_IN, p.cin_per_group, p.C_OUT // p.groups, config.block_n, p.groups, config.block_k)
+        constants = p.geometry + (p.groups, whole, p.has_bias, p.tf32, p.flip_taps, p.nhwc, config.block_m,
+                                  config.block_n, config.block_k, block_q, config.split)
         kernels = forward_copies(p, config.block_n) + [make_kernel(Conv2dGemmClForward, constants, p, config)]
         return kernels + ([split_sum_kernel(p, p.B * p.C_OUT * p.OH * p.OW)] if config.split > 1 else [])
 
@@ -261,7 +262,8 @@ class ClDx(Algorithm):
 
     def _product(self, p, config):
         block_q = image_tile(config.block_m, p.pixels_per_phase)
-        constants = p.geometry + (p.groups, p.tf32, p.dx_nhwc, config.block_m, config.block_n, config.block_k,
+        whole = whole_windows(p.C_OUT, p.C_OUT // p.groups, p.cin_per_group, config.block_n, p.groups, config.block_k)
+        constants = p.geometry + (p.groups, whole, p.tf32, p.dx_nhwc, config.block_m, config.block_n, config.block_k,
                                   block_q)
         return make_kernel(Conv2dGemmClDx, constants, p, config)
 
@@ -313,7 +315,9 @@ class ClDw(Algorithm):
     def kernels(self, p, config):
         window = window_width(p.C_IN, p.cin_per_group, p.C_OUT // p.groups, config.block_m, p.groups)
         tap_span = dw_tap_span(config.block_n, window)
-        constants = p.geometry + (p.groups, p.has_bias, p.tf32, config.block_m, config.block_n, config.block_k,
+        whole = whole_windows(p.C_IN, p.cin_per_group, p.C_OUT // p.groups, config.block_m, p.groups,
+                              config.block_n // tap_span)
+        constants = p.geometry + (p.groups, whole, p.has_bias, p.tf32, config.block_m, config.block_n, config.block_k,
                                   tap_span)
         return channels_last_operand_copies(p) + [make_kernel(Conv2dGemmClDw, constants, p, config),
                                                   reduce_kernel(p, p.has_bias)]

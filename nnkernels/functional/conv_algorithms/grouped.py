@@ -22,8 +22,8 @@ def grouped_candidates(batch: int, pixels_per_image: int, n_per_group: int, k_pe
     reducing over the `k_per_group` channels of each group the tile touches, tap by tap, BLOCK_K of them a step
     (16 at least; 64 bytes of fp32 or 128 of 16-bit data at most). GPU: each of the one-group kernels' pixel tiles
     (`gemm_candidates`, no wider than a power of two above the plane) on tiles of 16, 32 and 64 channels (a
-    group's where wider), in that order, so that quick tuning times the three widths. Measured on the H200 on
-    ResNeXt-50's layers in bf16, 16 channels were fastest on 4-channel groups and 64 up to 8x slower."""
+    group's where wider), in that order, so that quick tuning times the three widths (full tuning on the H200
+    chose 32 for most of ResNeXt-50's layers in bf16)."""
     wide = 64 if dtype != torch.float32 else 32
     group = clamp_pow2(n_per_group, 16, 128)
     widths = list(dict.fromkeys([group, max(group, 32), max(group, 64)] if machine.gpu else [group]))
@@ -44,12 +44,13 @@ def dw_tap_span(block_n: int, window: int) -> int:
 
 
 def grouped_dw_candidates(p) -> list[GemmConfig]:
-    """Configs of the channels-last dw kernel on a grouped problem: BLOCK_M output channels (16 or a group's, then
-    64 and 128; narrow groups share a tile) by the input channels of their groups (`window_width`), in column tiles
-    of up to 128, or of two or four taps of all of them where they are few (a dy tile then serves each of those
-    taps); split over the pixels as the one-group kernel's. First the narrowest BLOCK_M spanning two taps, then
-    four, then one: what full tuning chose on the H200 for ResNeXt-50's layers (bf16, 1.1x to 1.4x faster
-    backward passes than the one-tap tiles)."""
+    """Configs of the channels-last dw kernel on a grouped problem: BLOCK_M output channels (64, then 16 or a
+    group's, then 128; narrow groups share a tile) by the input channels of their groups (`window_width`), in
+    column tiles of up to 128, or of two or four taps of all of them where they are few (a dy tile then serves
+    each of those taps); split over the pixels as the one-group kernel's, and the first tile also four times as
+    finely (a grouped weight is small, so more partial rows cost little). Full tuning on the H200 chose the
+    64-row tile for every ResNeXt-50 layer (bf16), 1.1x to 1.3x faster than the 16-row ones quick tuning had
+    taken."""
     n_per_group, taps, pixels = p.C_OUT // p.groups, p.KH * p.KW, p.B * p.OH * p.OW
     group = clamp_pow2(n_per_group, 16, 128)
     if not p.machine.gpu:
@@ -57,14 +58,16 @@ def grouped_dw_candidates(p) -> list[GemmConfig]:
         return [GemmConfig(group, clamp_pow2(window, 16, 128), clamp_pow2(pixels, 16, 4096), 4, 1, 1)]
     wide = 64 if p.dtype != torch.float32 else 32
     configs = []
-    for block_m, warps in ((group, 4), (max(group, 64), 4), (max(group, 128), 8)):
+    for block_m, warps in ((max(group, 64), 4), (group, 4), (max(group, 128), 8)):
         window = window_width(p.C_IN, p.cin_per_group, n_per_group, block_m, p.groups)
         spans = [1] if window > 32 or window & (window - 1) else [2, 4, 1]
         for span in spans:
             block_n = min(128, max(16, pow2_at_least(window) * span))
             span = dw_tap_span(block_n, window)
             tiles = -(-p.C_OUT // block_m) * -(-taps // span) * -(-window // (block_n // span))
-            configs.append(GemmConfig(block_m, block_n, wide, warps, 3, dw_split(tiles, pixels, wide, 2, p.machine)))
+            for oversubscribe in (2, 8) if not configs else (2,):
+                configs.append(GemmConfig(block_m, block_n, wide, warps, 3,
+                                          dw_split(tiles, pixels, wide, oversubscribe, p.machine)))
     return list(dict.fromkeys(configs))
 
 

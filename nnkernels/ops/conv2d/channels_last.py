@@ -53,6 +53,7 @@ def conv2d_gemm_cl_forward_entry(k, a):
     if k.g > 1:
         width = window_width(a.C_IN, cin_per_group, cout_per_group, k.block_n, k.g)
         check_numel("w", a.w, a.C_OUT * k.kh * k.kw * width, "C_OUT*KH*KW*WIDTH (`Conv2dGroupedWeight`)")
+    check_whole_windows(k, a.C_IN, cin_per_group, cout_per_group, k.block_n, k.block_k)
     images = check_image_tiles(k)
     check_forward_k_slices(k, a, k.g)
     return check_grid_3d(cdiv(a.B, images) * cdiv(a.OH * a.OW, k.block_q),
@@ -105,7 +106,8 @@ def conv2d_gemm_cl_forward(
     x, w, bias, y, partial, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    G: tl.constexpr, HAS_BIAS: tl.constexpr, TF32: tl.constexpr, FLIP_TAPS: tl.constexpr, Y_NHWC: tl.constexpr,
+    G: tl.constexpr, WHOLE_WINDOWS: tl.constexpr, HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
+    FLIP_TAPS: tl.constexpr, Y_NHWC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
@@ -115,8 +117,8 @@ def conv2d_gemm_cl_forward(
     order when FLIP_TAPS (w[c_out, KH-1-kh, KW-1-kw, c_in] stands for tap (kh, kw): a stride-1 dx is
     this forward on dy with the weight transposed, and flipped here rather than by another copy);
     G = 1: C_IN % BLOCK_K == 0. G > 1: SPLIT_K = 1; a tile's K runs, tap by tap, over the WIDTH input channels
-    of the groups its BLOCK_N output channels belong to (`group_window`, the last slice masked), and w is
-    [C_OUT, KH, KW, WIDTH], each row those channels' weights, zero outside the row's group (`Conv2dGroupedWeight`
+    of the groups its BLOCK_N output channels belong to (`group_window`, the last slice masked unless
+    WHOLE_WINDOWS, `whole_windows`: every window whole and aligned), and w is [C_OUT, KH, KW, WIDTH], each row those channels' weights, zero outside the row's group (`Conv2dGroupedWeight`
     with TILE_N = BLOCK_N): several narrow groups share one block-diagonal tensor-core product;
     one image of x and one of y hold fewer than 2**31 elements. A pixel tile is I = BLOCK_M/BLOCK_Q
     images by BLOCK_Q pixels of each (I = 1 for large images; several small images per tile).
@@ -177,23 +179,25 @@ def conv2d_gemm_cl_forward(
         cin_per_group = C_IN // G
         cout_per_group = C_OUT // G
         first, end = group_window(pid_n * BLOCK_N, BLOCK_N, cout_per_group, cin_per_group, C_IN)
-        width = group_window_width(BLOCK_N, cin_per_group, cout_per_group, G)
+        first = window_start(first, WHOLE_WINDOWS, BLOCK_K)
+        width = window_start(group_window_width(BLOCK_N, cin_per_group, cout_per_group, G), WHOLE_WINDOWS, BLOCK_K)
         slices = tl.cdiv(end - first, BLOCK_K)
         w_rows = w + c_out.to(tl.int64)[:, None] * (KH * KW * width)
         for step in range(0, KH * KW * slices):
             tap = step // slices
             c_in = first + (step % slices) * BLOCK_K + channel
+            c_in_ok = window_ok(c_in, end, BLOCK_K, WHOLE_WINDOWS)
             dh = (tap // KW) * DIL_H
             dw = (tap % KW) * DIL_W
             inside = q_ok & (ih_first >= -dh) & (ih_first < H - dh) & (iw_first >= -dw) & (iw_first < W - dw)
             x_tile = tl.load(x + x_pixel[:, None] + ((dh * W + dw) * C_IN + c_in)[None, :],
-                             mask=inside[:, None] & (c_in < end)[None, :], other=0.0)
+                             mask=inside[:, None] & c_in_ok[None, :], other=0.0)
             if FLIP_TAPS:
                 w_tap = KH * KW - 1 - tap
             else:
                 w_tap = tap
             w_tile = tl.load(w_rows + (w_tap * width + c_in - first)[None, :],
-                             mask=c_out_ok[:, None] & (c_in < end)[None, :], other=0.0)
+                             mask=c_out_ok[:, None] & c_in_ok[None, :], other=0.0)
             acc = conv_dot(x_tile, tl.trans(w_tile), acc, TF32)
     acc = add_forward_bias(acc, bias, c_out, c_out_ok, HAS_BIAS)
     y_offset = forward_y_offset(b, q, c_out, C_OUT, ohw, Y_NHWC)
@@ -214,6 +218,7 @@ def conv2d_gemm_cl_dw_entry(k, a):
         raise ValueError(f"C_IN: expected a multiple of block_n = {k.block_n}, got {a.C_IN}")
     if a.SPLIT > a.B * a.OH * a.OW:
         raise ValueError(f"SPLIT: expected at most B*OH*OW = {a.B * a.OH * a.OW} slices, got {a.SPLIT}")
+    check_whole_windows(k, a.C_IN, cin_per_group, cout_per_group, k.block_m, channels_per_tap)
     row = dw_partial_size(a.C_OUT, cin_per_group, k.kh, k.kw, k.has_bias)
     check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C_OUT*C_IN/G*KH*KW [+ C_OUT with HAS_BIAS])")
     m_tiles = cdiv(a.C_OUT, k.block_m)
@@ -235,6 +240,52 @@ def window_width(c_in, in_per_group, out_per_group, block, groups):
     return min(groups, touched) * in_per_group
 
 
+def whole_windows(c_in, in_per_group, out_per_group, block, groups, block_k) -> bool:
+    """Whether every tile of `block` channels of a grouped convolution reads a whole window of reduced channels
+    (`window_width`, within the `c_in`) that starts at a multiple of it, and `block_k` divides the window: the tile
+    holds whole groups (a number dividing `groups`) or lies inside one. The kernels' WHOLE_WINDOWS: K slices loaded
+    unmasked from an offset the compiler knows is a multiple of `block_k`, as 16-byte vectors (a masked or
+    unaligned slice is loaded one element at a time)."""
+    if groups == 1:
+        return False
+    if out_per_group % block == 0:
+        aligned = True
+    elif block % out_per_group == 0:
+        touched = block // out_per_group
+        aligned = touched >= groups or groups % touched == 0
+    else:
+        aligned = False
+    return aligned and window_width(c_in, in_per_group, out_per_group, block, groups) % block_k == 0
+
+
+def check_whole_windows(k, c_in, in_per_group, out_per_group, block, block_k):
+    """A launch's WHOLE_WINDOWS holds only where `whole_windows` says so."""
+    if k.whole_windows and not whole_windows(c_in, in_per_group, out_per_group, block, k.g, block_k):
+        raise ValueError(f"whole_windows: expected False: tiles of {block} channels ({out_per_group} a group, "
+                         f"{k.g} groups) do not read whole windows of {in_per_group}-channel groups in slices of "
+                         f"{block_k}")
+
+
+@triton.jit
+def window_start(first, WHOLE_WINDOWS: tl.constexpr, STEP: tl.constexpr):
+    """`first` (a multiple of STEP when WHOLE_WINDOWS), then written so that the compiler sees it is one: rounded
+    down to a multiple of STEP (a no-op; `tl.multiple_of` on a helper's argument is lost when it is inlined)."""
+    if WHOLE_WINDOWS:
+        first = (first // STEP) * STEP
+    return first
+
+
+@triton.jit
+def window_ok(c, end, BLOCK: tl.constexpr, WHOLE_WINDOWS: tl.constexpr):
+    """[BLOCK] mask of the reduced channels c below the window's `end`: all true, as a constant the compiler sees,
+    when WHOLE_WINDOWS."""
+    if WHOLE_WINDOWS:
+        ok = tl.full([BLOCK], 1, tl.int1)
+    else:
+        ok = c < end
+    return ok
+
+
 @triton.jit
 def group_window_width(BLOCK: tl.constexpr, in_per_group, out_per_group, G: tl.constexpr):
     """`window_width` of a grouped launch (G > 1), in the kernel."""
@@ -248,7 +299,7 @@ def conv2d_gemm_cl_dw(
     dy, x, partial, B, C_IN, C_OUT, H, W, OH, OW, SPLIT,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    G: tl.constexpr, HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
+    G: tl.constexpr, WHOLE_WINDOWS: tl.constexpr, HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAP_SPAN: tl.constexpr,
 ):
     """2-D convolution weight gradient (G groups) from channels-last dy and x, split over pixels.
@@ -257,7 +308,8 @@ def conv2d_gemm_cl_dw(
     TAP_SPAN taps by CT = BLOCK_N/TAP_SPAN channels of the tile's window: the input channels its BLOCK_M
     output channels read (all C_IN when G = 1; else those of their groups, from `group_window`, WIN wide at
     most, `window_width`). CT divides C_IN when G = 1, and CT == WIN when TAP_SPAN > 1 (small C_IN: a tile of
-    several taps reuses each dy tile for all of them).
+    several taps reuses each dy tile for all of them). WHOLE_WINDOWS (`whole_windows` with BLOCK_M and CT): every
+    window whole and aligned, its x slices loaded unmasked.
     Grid: (M * cdiv(KH*KW, TAP_SPAN) * cdiv(WIN, CT) + (M when HAS_BIAS), SPLIT, 1), M = cdiv(C_OUT, BLOCK_M).
     Program (tile, s) takes the pixels p = b*OH*OW + oh*OW + ow of slice s, [s*L, min((s+1)*L, B*OH*OW))
     with L = cdiv(cdiv(B*OH*OW, SPLIT), BLOCK_K)*BLOCK_K. A product tile (tile < M * tap groups * blocks),
@@ -297,8 +349,9 @@ def conv2d_gemm_cl_dw(
             window_first, window_end = 0, C_IN
         else:
             window_first, window_end = group_window(m_first, BLOCK_M, cout_per_group, cin_per_group, C_IN)
+            window_first = window_start(window_first, WHOLE_WINDOWS, CT)
         c_in = window_first + (tile_n % channel_blocks) * CT + tl.arange(0, CT)
-        c_in_ok = c_in < window_end
+        c_in_ok = window_ok(c_in, window_end, CT, WHOLE_WINDOWS)
         dh = (tap // KW) * DIL_H
         dw = (tap % KW) * DIL_W
         c_out = m_first + tl.arange(0, BLOCK_M)
@@ -344,23 +397,24 @@ def conv2d_gemm_cl_dw(
 
 Conv2dGemmClForward = kernel_object(
     conv2d_gemm_cl_forward,
-    helpers=(conv_dot, group_window, group_window_width, add_forward_bias, forward_y_offset, store_forward_tile),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, False, False, 128, 64, 64, 128, 1),
+    helpers=(conv_dot, group_window, window_start, window_ok, group_window_width, add_forward_bias,
+             forward_y_offset, store_forward_tile),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, False, True, False, False, 128, 64, 64, 128, 1),
     entry=conv2d_gemm_cl_forward_entry,
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
-    flags=("HAS_BIAS", "TF32", "FLIP_TAPS", "Y_NHWC"),
+    flags=("WHOLE_WINDOWS", "HAS_BIAS", "TF32", "FLIP_TAPS", "Y_NHWC"),
     num_warps=4,
     num_stages=3,
 )
 Conv2dGemmClDw = kernel_object(
     conv2d_gemm_cl_dw,
-    helpers=(conv_dot, group_window, group_window_width, *PARTIAL_ROW_HELPERS),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64, 1),
+    helpers=(conv_dot, group_window, window_start, window_ok, group_window_width, *PARTIAL_ROW_HELPERS),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, False, True, 64, 64, 64, 1),
     entry=conv2d_gemm_cl_dw_entry,
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
-    flags=("HAS_BIAS", "TF32"),
+    flags=("WHOLE_WINDOWS", "HAS_BIAS", "TF32"),
     num_warps=4,
     num_stages=3,
 )

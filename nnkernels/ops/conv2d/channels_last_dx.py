@@ -18,7 +18,8 @@ import triton.language as tl
 
 from ...kernel import kernel_object
 from ..common.checks import check_grid_3d, check_numel
-from .channels_last import check_image_tiles, group_window, group_window_width, window_width
+from .channels_last import (check_image_tiles, check_whole_windows, group_window, group_window_width, window_ok,
+                            window_start, window_width)
 from .gemm_dx import phase_taps
 from .checks import check_conv_launch
 from ..common.host_math import cdiv
@@ -33,6 +34,7 @@ def conv2d_gemm_cl_dx_entry(k, a):
     if k.g == 1 and a.C_OUT % k.block_k:
         raise ValueError(f"C_OUT: expected a multiple of block_k = {k.block_k}, got {a.C_OUT}")
     width = window_width(a.C_OUT, cout_per_group, cin_per_group, k.block_n, k.g)
+    check_whole_windows(k, a.C_OUT, cout_per_group, cin_per_group, k.block_n, k.block_k)
     check_numel("w_t", a.w_t, k.kh * k.kw * a.C_IN * width, "KH*KW*C_IN*WIDTH")
     pixels_per_phase = cdiv(a.H, k.stride_h) * cdiv(a.W, k.stride_w)
     return check_grid_3d(cdiv(a.B, images) * cdiv(pixels_per_phase, k.block_q),
@@ -44,7 +46,7 @@ def conv2d_gemm_cl_dx(
     dy, w_t, dx, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    G: tl.constexpr, TF32: tl.constexpr, DX_NHWC: tl.constexpr,
+    G: tl.constexpr, WHOLE_WINDOWS: tl.constexpr, TF32: tl.constexpr, DX_NHWC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     """2-D convolution data gradient (G groups) from channels-last dy; gather form, no atomics.
@@ -52,7 +54,8 @@ def conv2d_gemm_cl_dx(
     dy is [B, OH, OW, C_OUT] and w_t is the weight as [KH, KW, C_IN, WIDTH] (both operands
     contiguous along the reduced c_out, as TF32 tensor cores need them), both contiguous; dx is NCHW, or
     [B, H, W, C_IN] when DX_NHWC. G = 1: WIDTH = C_OUT, C_OUT % BLOCK_K == 0. G > 1: a tile's K runs over the
-    WIDTH output channels of the groups of its BLOCK_N input channels (`group_window`, the last slice masked),
+    WIDTH output channels of the groups of its BLOCK_N input channels (`group_window`, the last slice masked
+    unless WHOLE_WINDOWS, `whole_windows`: every window whole and aligned),
     and w_t's rows hold those channels' weights, zero outside the row's group (`Conv2dGroupedWeight`, TAPS_OUTER
     and SRC_TRANSPOSED, TILE_N = BLOCK_N): one block-diagonal product for several narrow groups; one image of dy and one of dx hold fewer than 2**31 elements. A pixel
     tile is I = BLOCK_M/BLOCK_Q images by BLOCK_Q pixels of one phase of each.
@@ -114,22 +117,24 @@ def conv2d_gemm_cl_dx(
         cin_per_group = C_IN // G
         cout_per_group = C_OUT // G
         first, end = group_window(pid_n * BLOCK_N, BLOCK_N, cin_per_group, cout_per_group, C_OUT)
-        width = group_window_width(BLOCK_N, cout_per_group, cin_per_group, G)
+        first = window_start(first, WHOLE_WINDOWS, BLOCK_K)
+        width = window_start(group_window_width(BLOCK_N, cout_per_group, cin_per_group, G), WHOLE_WINDOWS, BLOCK_K)
         slices = tl.cdiv(end - first, BLOCK_K)
         for step in range(0, count_h * count_w * slices):
             tap_pair = step // slices
             c_out = first + (step % slices) * BLOCK_K + channel
+            c_out_ok = window_ok(c_out, end, BLOCK_K, WHOLE_WINDOWS)
             t_h = tap_pair // count_w
             t_w = tap_pair % count_w
             oh = oh_first - t_h * delta_h
             ow = ow_first - t_w * delta_w
             inside = pixel_ok & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
             dy_tile = tl.load(dy + (dy_image_first + (oh * OW + ow) * C_OUT)[:, None] + c_out[None, :],
-                              mask=inside[:, None] & (c_out < end)[None, :], other=0.0)
+                              mask=inside[:, None] & c_out_ok[None, :], other=0.0)
             tap = (first_h + t_h * step_h) * KW + first_w + t_w * step_w
             w_rows = (tap * C_IN + c_in).to(tl.int64) * width
             w_tile = tl.trans(tl.load(w_t + w_rows[:, None] + (c_out - first)[None, :],
-                                      mask=c_in_ok[:, None] & (c_out < end)[None, :], other=0.0))
+                                      mask=c_in_ok[:, None] & c_out_ok[None, :], other=0.0))
             acc = conv_dot(dy_tile, w_tile, acc, TF32)
     if DX_NHWC:
         pixel_first = ((b.to(tl.int64) * H + ih) * W + iw) * C_IN
@@ -149,11 +154,11 @@ def conv2d_gemm_cl_dx(
 
 Conv2dGemmClDx = kernel_object(
     conv2d_gemm_cl_dx,
-    helpers=(phase_taps, conv_dot, group_window, group_window_width),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, False, 128, 64, 64, 128),
+    helpers=(phase_taps, conv_dot, group_window, window_start, window_ok, group_window_width),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, False, 128, 64, 64, 128),
     entry=conv2d_gemm_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
-    flags=("TF32", "DX_NHWC"),
+    flags=("WHOLE_WINDOWS", "TF32", "DX_NHWC"),
     num_warps=4,
     num_stages=3,
 )
