@@ -88,13 +88,14 @@ class Problem:
         self.winograd = (self.rows_outer_dw and not self.tf32 and self.geometry == (3, 3, 1, 1, 1, 1, 1, 1)
                          and min(self.C_IN, self.C_OUT) >= WINOGRAD_MIN_CHANNELS and winograd_enabled()
                          and winograd_fits(self.B, self.H, self.W, max(self.C_IN, self.C_OUT)))
-        # The channels-last copy of x pays off over KH*KW taps; a 1x1 convolution's NCHW kernel is faster, unless
-        # the tensors are channels-last already (then the 1x1 products read them as they are).
+        # The channels-last copy of x pays off over KH*KW taps, and for a 1x1 layer on small planes, where the NCHW
+        # products run short: there the pointwise kernels and the channels-last ones are timed against each other
+        # (`conv_algorithms`); a padded 1x1 layer keeps the NCHW implicit GEMM.
         self.forward_channels_last = self.grouped or (
-            self.channels_last and (nhwc or (self.KH * self.KW > 1 and not self.pointwise)))
+            self.channels_last and (nhwc or self.pointwise or self.KH * self.KW > 1))
         # dx's K slices run over C_OUT only, so any C_IN will do.
         self.dx_channels_last = self.grouped or (groups == 1 and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0
-                                                 and not self.unfolded and (nhwc or not self.pointwise))
+                                                 and not self.unfolded)
         # The channels-last dw: one group with whole 16-channel runs, or grouped.
         self.dw_channels_last = self.channels_last or self.grouped
         # A strided dx kernel writes each phase's pixels STRIDE_W apart: into NHWC, where a pixel's channels make
@@ -136,8 +137,8 @@ class Problem:
         run it. With stride 1, dx = conv2d(dy, w', padding = dil*(K-1) - pad) with w'[c_in, c_out, kh, kw] =
         w[c_out, c_in, KH-1-kh, KW-1-kw] within each group (same groups): the forward's algorithms and tuning
         (split K included) serve dx."""
-        if self.stride != (1, 1) or not self.dx_channels_last:
-            return None
+        if self.stride != (1, 1) or not self.dx_channels_last or (self.pointwise and not self.nhwc):
+            return None  # an NCHW 1x1 dx: the pointwise kernel and the channels-last dx compete in dx's own tier
         pads = [d * (k - 1) - p for d, k, p in zip(self.dilation, (self.KH, self.KW), self.padding)]
         if min(pads) < 0:
             return None

@@ -18,11 +18,12 @@ from . import channels_last, depthwise, implicit_gemm, pointwise, rows, tma, unf
 from .base import Choice, algorithm_named, decode_choice, tier_choices
 from .through_nchw import copy_kernels, through_nchw
 
-FORWARD = [(depthwise.FORWARD,), (pointwise.FORWARD,), (channels_last.FORWARD, tma.FORWARD, winograd.FORWARD),
+# A 1x1 layer's NCHW products share a tier with the channels-last kernels (through layout copies): the copies cost
+# a memory pass, the NCHW products run short on small planes; tuning times both (the pointwise `ranks`).
+FORWARD = [(depthwise.FORWARD,), (pointwise.FORWARD, channels_last.FORWARD, tma.FORWARD, winograd.FORWARD),
            (rows.FORWARD,), (implicit_gemm.FORWARD,)]
-DX = [(depthwise.DX,), (pointwise.DX,), (unfolded.DX,), (channels_last.DX,), (implicit_gemm.DX,)]
-DW = [(depthwise.DW,), (unfolded.DW, winograd.DW), (pointwise.DW,), (tma.DW,), (channels_last.DW,),
-      (implicit_gemm.DW,)]
+DX = [(depthwise.DX,), (pointwise.DX, channels_last.DX), (unfolded.DX,), (channels_last.DX,), (implicit_gemm.DX,)]
+DW = [(depthwise.DW,), (unfolded.DW, winograd.DW), (pointwise.DW, tma.DW, channels_last.DW), (implicit_gemm.DW,)]
 
 
 @dataclass(frozen=True)

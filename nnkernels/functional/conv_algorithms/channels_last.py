@@ -4,7 +4,8 @@ x and the weight (one launch) and may split K; dx reads a channels-last dy (stri
 `Problem.dx_forward`); dw reads dy and x channels-last. Of a channels-last problem (`Problem.nhwc`) they read x
 and dy as they are stored and write y and dx channels-last: only the weight is copied.
 
-The forward's candidates meet those of the TMA boxes and Winograd in one tier; `ranks` places each.
+The forward's candidates meet those of the TMA boxes and Winograd in one tier, and of a 1x1 layer the NCHW
+pointwise products' too (each pass); `ranks` places each.
 """
 from __future__ import annotations
 
@@ -300,12 +301,17 @@ def _dx_weight(weight):
     return weight.permute(2, 3, 1, 0).contiguous()  # [KH, KW, C_IN, C_OUT], `Conv2dGemmClDx`'s w_t: tiny
 
 
+def tma_boxes_fit(p) -> bool:
+    """Whether the TMA kernels (`tma.py`) run p: one group in 16-channel runs, stride 1, a GPU with a TMA unit."""
+    return p.channels_last and p.stride == (1, 1) and p.machine.tma
+
+
 class ClDw(Algorithm):
     name = "cl_dw"
     channels_last_input = True
 
     def applies(self, p):
-        return p.dw_channels_last
+        return p.dw_channels_last and not tma_boxes_fit(p)  # there the TMA dw, faster where both ran
 
     def candidates(self, p):
         if p.grouped:

@@ -106,6 +106,11 @@ class _Pointwise(Algorithm):
     def applies(self, p):
         return p.pointwise and not (p.nhwc and p.channels_last)  # channels-last tensors: the NHWC products
 
+    def ranks(self, p, count):
+        """The first two ahead of the channels-last candidates they share a tier with, so that quick tuning times
+        both kinds; the rest among them."""
+        return [index - 2 for index in range(count)]
+
 
 class PointwiseForward(_Pointwise):
     name = "pointwise_forward"

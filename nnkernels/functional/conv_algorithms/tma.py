@@ -9,7 +9,7 @@ from ...ops.conv2d.tma_dw import Conv2dTmaDw
 from ...ops.conv2d.tma_forward import Conv2dTmaForward
 from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, pow2_dividing, register
 from .channels_last import (TMA_FORWARD_FIRST_PIXELS, channels_last_operand_copies, channels_last_operands, forward_copies,
-                            forward_runner, split_k)
+                            forward_runner, split_k, tma_boxes_fit)
 from .partials import reduce_kernel, split_sum_kernel, split_weight_gradient
 
 
@@ -79,16 +79,12 @@ def tma_dw_candidates(c_out: int, c_in: int, kh: int, kw: int, batch: int, rows:
     return list(dict.fromkeys(configs))
 
 
-def _boxes_run(p):
-    return p.channels_last and p.stride == (1, 1) and p.machine.tma
-
-
 class TmaForward(Algorithm):
     name = "tma_forward"
     channels_last_input = True
 
     def applies(self, p):
-        return p.forward_channels_last and _boxes_run(p)
+        return p.forward_channels_last and tma_boxes_fit(p)
 
     def candidates(self, p):
         return tma_forward_candidates(p.B, (p.OH, p.OW), p.C_OUT, p.C_IN, p.dtype, p.KH * p.KW, p.machine)
@@ -114,7 +110,7 @@ class TmaDw(Algorithm):
     channels_last_input = True
 
     def applies(self, p):
-        return _boxes_run(p)
+        return tma_boxes_fit(p)
 
     def candidates(self, p):
         return tma_dw_candidates(p.C_OUT, p.C_IN, p.KH, p.KW, p.B, p.OH, p.OW, p.dtype, p.machine)
