@@ -329,16 +329,18 @@ class KernelObject:
                 self._compiled[target] = self.build(target)
         return self._compiled[target]
 
-    def triton_compile(self, target: str, aligned: bool = False):
+    def triton_compile(self, target: str, aligned: bool = False, sizes: dict | None = None):
         """Triton's compiled kernel for `target` (its `asm` holds every stage, TTGIR to cubin), built in this
         process. `aligned`: specialised as `launch`'s JIT specialises aligned tensors (pointers 16-byte
-        aligned, every integer argument a multiple of 16) instead of assuming nothing (see `compile`)."""
+        aligned, every integer argument a multiple of 16, or, where `sizes` ({name: value}) gives its value,
+        as that value is) instead of assuming nothing (see `compile`)."""
         cls = type(self)
         signature = dict(self.signature)
         signature.update({c: "constexpr" for c in cls.constant_names})
         params = list(inspect.signature(cls._compile_fn.fn).parameters)
+        sizes = sizes or {}
         attrs = {(params.index(name),): [["tt.divisibility", 16]] for name, kind in self.signature.items()
-                 if aligned and kind.startswith(("*", "i"))}
+                 if aligned and (kind.startswith("*") or (kind.startswith("i") and sizes.get(name, 16) % 16 == 0))}
         source = ASTSource(cls._compile_fn, signature, _constexpr_keys(cls._compile_fn, self.constants), attrs)
         return triton.compile(
             source,

@@ -7,10 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).parent.parent
+TOOLS = ROOT / "tools"
 
 
 def _tool(name):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "tools" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -56,6 +58,13 @@ def test_kernel_sass_counts_opcodes_of_a_compiled_kernel():
     count, regs = re.fullmatch(r"(\d+) instructions, (\d+) registers per thread", report[1]).groups()
     assert int(count) > 0 and int(regs) > 0
     assert "LDG" in report[2] and "STG" in report[2]  # the partial rows read, dw written
+    assert tool.memory_counts(listing) == {"LDG.E.U16": 1, "LDG.E": 1}
+    assert ".128" not in report[3]  # assuming nothing of the pointers: no 16-byte vectors
+    # Specialised as an aligned launch, in a process of its own (this one runs the interpreter).
+    aligned = subprocess.run([sys.executable, str(TOOLS / "kernel_sass.py"), "Conv2dDwReduce", "fp32", "False", "1",
+                              "1", "8", "256", "--aligned", "--size", "N_DW=112"], capture_output=True, text=True,
+                             check=True, env=dict(os.environ, TRITON_INTERPRET="0"), cwd=ROOT).stdout.splitlines()
+    assert aligned[3].startswith("memory: ") and "LDG.E.128" in aligned[3]
 
 
 def test_ship_tuning_keeps_the_current_kernels_choices_only(tmp_path):
