@@ -6,7 +6,7 @@ compiled (the interpreter takes the first guess, which there means few, large pr
 switched off (`NNKERNELS_TUNE=off`), and the current CUDA stream is not capturing a graph (timing would break
 the capture). Choices are remembered in memory and in `$NNKERNELS_CACHE_DIR/tuning.json` (default
 `~/.cache/nnkernels/tuning.json`), keyed by the kind, the shape, the GPU, the Triton version and a hash of the
-sources of the kind's layer's kernels (`kernels_fingerprint`), so each shape is tuned once per machine and again
+code of the kind's layer's kernels (`kernels_fingerprint`), so each shape is tuned once per machine and again
 after one of those kernels changes. Where neither holds a choice, the table shipped with the package
 (`nnkernels/tuned.json`, the same keys, made from tuning runs on the GPUs the project measures by
 `tools/ship_tuning.py`) answers before any timing.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import io
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ import pkgutil
 import tempfile
 import threading
 import time
+import tokenize
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -134,8 +136,8 @@ def _save(full_key: str, choice):
 
 @functools.cache
 def kernels_fingerprint(kind: str) -> str:
-    """12 hex digits of a hash over the sources (helpers included) of the kernels a choice of tuning `kind` is made
-    among: a kind named after one of the layer packages of `nnkernels.ops` ("conv2d_dw": `ops/conv2d/`) hashes
+    """12 hex digits of a hash over the code (`code_of`: helpers included, comments and docstrings not) of the
+    kernels a choice of tuning `kind` is made among: a kind named after one of the layer packages of `nnkernels.ops` ("conv2d_dw": `ops/conv2d/`) hashes
     that package's kernels and the shared ones of `ops/common/`, so a change to one layer's kernels re-tunes that
     layer alone; any other kind, every one of the library's kernels."""
     from . import ops
@@ -146,8 +148,35 @@ def kernels_fingerprint(kind: str) -> str:
     digest = hashlib.sha256()
     for cls in sorted(catalogue(), key=lambda cls: (cls.__module__, cls.__name__)):  # not import order
         if cls.__module__.startswith(prefixes):
-            digest.update(cls._kernel_source.encode())
+            digest.update(code_of(cls._kernel_source).encode())
     return digest.hexdigest()[:12]
+
+
+def code_of(source: str) -> str:
+    """Python `source` as its code alone, one token after another: no comments, docstrings, blank lines, line
+    breaks inside brackets or indentation widths, so that rewording a kernel's docstring or rewrapping its lines
+    keeps its tuned choices (and the same on every Python from 3.10 on)."""
+    skipped = (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER)
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type not in skipped]
+    kept, header, body = [], False, False  # in a `def` line; the statement next opens a function's body
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        starts_line = not kept or kept[-1][0] in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+        if (body and starts_line and token.type == tokenize.STRING and index + 1 < len(tokens)
+                and tokens[index + 1].type == tokenize.NEWLINE):
+            index, body = index + 2, False  # a docstring, and the end of its line
+            continue
+        if starts_line and token.type == tokenize.NAME and token.string == "def":
+            header = True
+        elif header and token.type == tokenize.NEWLINE:
+            header, body = False, True
+        elif token.type != tokenize.INDENT:
+            body = False
+        layout = token.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+        kept.append((token.type, tokenize.tok_name[token.type] if layout else token.string))
+        index += 1
+    return " ".join(text for _, text in kept)
 
 
 def _layer_packages(ops) -> list[str]:

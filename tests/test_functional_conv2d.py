@@ -354,9 +354,10 @@ def test_a_remembered_choice_is_answered_from_memory(gpu_tuning, monkeypatch):
 
 
 def test_a_remembered_choice_holds_only_for_the_kernel_sources_it_timed(monkeypatch):
-    """A kernel whose source changes (a library upgrade) gets its layer's shapes tuned again: the key of a
-    remembered choice changes with the source of any kernel of its layer's package (`ops/conv2d/`, with the shared
-    `ops/common/`), and only with those (not with another layer's kernels, nor with a user's)."""
+    """A kernel whose code changes (a library upgrade) gets its layer's shapes tuned again: the key of a
+    remembered choice changes with the code of any kernel of its layer's package (`ops/conv2d/`, with the shared
+    `ops/common/`), and only with those (not with another layer's kernels, nor with a user's), and not with
+    their comments, docstrings or line breaks."""
     from nnkernels import kernel
     from nnkernels.ops.batch_norm.train import BatchNorm2dPartialStats
     from nnkernels.ops.conv2d.pointwise import Conv2dPointwise
@@ -368,13 +369,17 @@ def test_a_remembered_choice_holds_only_for_the_kernel_sources_it_timed(monkeypa
     try:
         before = key()
         assert key() == before
-        monkeypatch.setattr(Conv2dPointwise, "_kernel_source", Conv2dPointwise._kernel_source + "\n# changed")
+        source = Conv2dPointwise._kernel_source
+        reworded = source.replace('"""', '"""Reworded. ', 1).replace("(", "(\n        ", 1) + "\n# a comment\n"
+        monkeypatch.setattr(Conv2dPointwise, "_kernel_source", reworded)
+        assert key() == before
+        monkeypatch.setattr(Conv2dPointwise, "_kernel_source", source + "\n\ndef changed():\n    return 1\n")
         assert key() != before
         monkeypatch.undo()
         assert key() == before
         batch_norm_before = tuning._full_key("batch_norm_train_forward_split", (1, 2))
         monkeypatch.setattr(BatchNorm2dPartialStats, "_kernel_source",
-                            BatchNorm2dPartialStats._kernel_source + "\n# changed")
+                            BatchNorm2dPartialStats._kernel_source + "\n\ndef changed():\n    return 1\n")
         assert key() == before
         assert tuning._full_key("batch_norm_train_forward_split", (1, 2)) != batch_norm_before
         monkeypatch.undo()

@@ -80,6 +80,17 @@ def test_ship_tuning_keeps_the_current_kernels_choices_only(tmp_path):
     assert list(json.loads(into.read_text())) == ["conv2d_dw|(1,)|NVIDIA H200|triton 3.6.0" + current]
 
 
+def test_the_shipped_table_holds_only_choices_of_the_current_kernels():
+    """Every choice in `nnkernels/tuned.json` names the current code of its layer's kernels: a kernel changed
+    without a new tuning run on the GPU drops its layer's entries (`tools/ship_tuning.py` does), leaving none that
+    no lookup could match."""
+    from nnkernels import tuning
+
+    table = json.loads(tuning.SHIPPED_TABLE.read_text())
+    assert table
+    assert _tool("ship_tuning").current_entries(table) == table
+
+
 def test_host_profile_counts_the_stubbed_launches_of_a_case():
     """In a process of its own: the tool stubs every launch out for the rest of its process."""
     done = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "tools" / "host_profile.py"),

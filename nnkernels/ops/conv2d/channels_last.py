@@ -118,8 +118,9 @@ def conv2d_gemm_cl_forward(
     this forward on dy with the weight transposed, and flipped here rather than by another copy);
     G = 1: C_IN % BLOCK_K == 0. G > 1: SPLIT_K = 1; a tile's K runs, tap by tap, over the WIDTH input channels
     of the groups its BLOCK_N output channels belong to (`group_window`, the last slice masked unless
-    WHOLE_WINDOWS, `whole_windows`: every window whole and aligned), and w is [C_OUT, KH, KW, WIDTH], each row those channels' weights, zero outside the row's group (`Conv2dGroupedWeight`
-    with TILE_N = BLOCK_N): several narrow groups share one block-diagonal tensor-core product;
+    WHOLE_WINDOWS, `whole_windows`: every window whole and aligned), and w is [C_OUT, KH, KW, WIDTH], each
+    row those channels' weights, zero outside the row's group (`Conv2dGroupedWeight` with TILE_N = BLOCK_N):
+    several narrow groups share one block-diagonal tensor-core product;
     one image of x and one of y hold fewer than 2**31 elements. A pixel tile is I = BLOCK_M/BLOCK_Q
     images by BLOCK_Q pixels of each (I = 1 for large images; several small images per tile).
     Grid: (cdiv(B, I) * cdiv(OH*OW, BLOCK_Q), cdiv(C_OUT, BLOCK_N), SPLIT_K). Program
