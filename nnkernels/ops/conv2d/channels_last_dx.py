@@ -55,10 +55,10 @@ def conv2d_gemm_cl_dx(
     contiguous along the reduced c_out, as TF32 tensor cores need them), both contiguous; dx is NCHW, or
     [B, H, W, C_IN] when DX_NHWC. G = 1: WIDTH = C_OUT, C_OUT % BLOCK_K == 0. G > 1: a tile's K runs over the
     WIDTH output channels of the groups of its BLOCK_N input channels (`group_window`, the last slice masked
-    unless WHOLE_WINDOWS, `whole_windows`: every window whole and aligned),
-    and w_t's rows hold those channels' weights, zero outside the row's group (`Conv2dGroupedWeight`, TAPS_OUTER
-    and SRC_TRANSPOSED, TILE_N = BLOCK_N): one block-diagonal product for several narrow groups; one image of dy and one of dx hold fewer than 2**31 elements. A pixel
-    tile is I = BLOCK_M/BLOCK_Q images by BLOCK_Q pixels of one phase of each.
+    unless WHOLE_WINDOWS, `whole_windows`: every window whole and aligned), and w_t's rows hold those channels'
+    weights, zero outside the row's group (`Conv2dGroupedWeight`, TAPS_OUTER and SRC_TRANSPOSED, TILE_N =
+    BLOCK_N): one block-diagonal product for several narrow groups; one image of dy and one of dx hold fewer
+    than 2**31 elements. A pixel tile is I = BLOCK_M/BLOCK_Q images by BLOCK_Q pixels of one phase of each.
     Grid: (cdiv(B, I) * cdiv(PR*PC, BLOCK_Q), cdiv(C_IN, BLOCK_N), STRIDE_H*STRIDE_W), with
     PR = cdiv(H, STRIDE_H) and PC = cdiv(W, STRIDE_W) the rows and columns of a phase. Program
     (g * cdiv(PR*PC, BLOCK_Q) + t, pn, ph*STRIDE_W + pw) writes dx[b, c_in, ih, iw] for the images

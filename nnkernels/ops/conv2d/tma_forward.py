@@ -64,7 +64,8 @@ def conv2d_tma_forward(
             * x[b, oh - PAD_H + kh*DIL_H, ow - PAD_W + kw*DIL_W, c_in]
     (x read as 0 outside the tensor: the TMA's fill). With SPLIT_K = 1 that is y[b, c_out, oh, ow]
     (NCHW; y[b, oh, ow, c_out] when Y_NHWC); else it goes in fp32 to partial[s] in y's layout and
-    `Conv2dDwReduce` (TAPS = 1) adds the splits into y in a fixed order. Pixels of a box outside the output are not stored.
+    `Conv2dDwReduce` (TAPS = 1) adds the splits into y in a fixed order. Pixels of a box outside the output
+    are not stored.
     Tensor-core products (`conv_dot`: fp32 as TF32 or tf32x3), fp32 accumulation, y rounded once; every
     element of y (with SPLIT_K > 1: of `partial`, and y is not touched) is written; bias read only
     when HAS_BIAS, `partial` only when SPLIT_K > 1.
