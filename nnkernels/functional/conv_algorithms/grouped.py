@@ -48,9 +48,8 @@ def grouped_dw_candidates(p) -> list[GemmConfig]:
     group's, then 128; narrow groups share a tile) by the input channels of their groups (`window_width`), in
     column tiles of up to 128, or of two or four taps of all of them where they are few (a dy tile then serves
     each of those taps); split over the pixels as the one-group kernel's, and the first tile also four times as
-    finely (a grouped weight is small, so more partial rows cost little). Full tuning on the H200 chose the
-    64-row tile for every ResNeXt-50 layer (bf16), 1.1x to 1.3x faster than the 16-row ones quick tuning had
-    taken."""
+    finely (a grouped weight is small, so more partial rows cost little): the 64-row tile is what full tuning
+    chose on the H200 for every ResNeXt-50 layer (docs/notes.md, "Grouped convolution")."""
     n_per_group, taps, pixels = p.C_OUT // p.groups, p.KH * p.KW, p.B * p.OH * p.OW
     group = clamp_pow2(n_per_group, 16, 128)
     if not p.machine.gpu:
