@@ -80,6 +80,21 @@ def test_ship_tuning_keeps_the_current_kernels_choices_only(tmp_path):
     assert list(json.loads(into.read_text())) == ["conv2d_dw|(1,)|NVIDIA H200|triton 3.6.0" + current]
 
 
+def test_compare_bench_lists_the_rows_that_moved(tmp_path):
+    header = "suite,case,dtype,direction,ours_ms,torch_ms,speedup,unit,ours_rate,torch_rate\n"
+    before, after = tmp_path / "before.csv", tmp_path / "after.csv"
+    before.write_text(header + "s,a,bf16,forward,2.0,2.0,1.000,,,\n" + "s,b,bf16,forward,1.0,1.0,1.000,,,\n"
+                      + "s,c,bf16,forward,1.0,1.0,1.000,,,\n")
+    after.write_text(header + "s,a,bf16,forward,1.0,2.0,2.000,,,\n" + "s,b,bf16,forward,1.0,1.3,1.300,,,\n"
+                     + "s,d,bf16,forward,1.0,1.0,1.000,,,\n")
+    report = _tool("compare_bench").main([str(before), str(after), "--noise", "0.1"]).splitlines()
+    # b: our time the same, PyTorch's moved; a: ours twice as fast. Slowest first.
+    assert report[2] == "| b | bf16 | forward | 1.0000 | 1.0000 | 1.00 | 1.00x | 1.30x |"
+    assert report[3] == "| a | bf16 | forward | 2.0000 | 1.0000 | 2.00 | 1.00x | 2.00x |"
+    assert report[5].startswith("2 rows in both runs, 2 moved by more than 10%; geometric means: speed 1.414")
+    assert report[6:] == ["only before: c bf16 forward", "only after: d bf16 forward"]
+
+
 def test_the_shipped_table_holds_only_choices_of_the_current_kernels():
     """Every choice in `nnkernels/tuned.json` names the current code of its layer's kernels: a kernel changed
     without a new tuning run on the GPU drops its layer's entries (`tools/ship_tuning.py` does), leaving none that
