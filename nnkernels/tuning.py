@@ -137,9 +137,10 @@ def _save(full_key: str, choice):
 @functools.cache
 def kernels_fingerprint(kind: str) -> str:
     """12 hex digits of a hash over the code (`code_of`: helpers included, comments and docstrings not) of the
-    kernels a choice of tuning `kind` is made among: a kind named after one of the layer packages of `nnkernels.ops` ("conv2d_dw": `ops/conv2d/`) hashes
-    that package's kernels and the shared ones of `ops/common/`, so a change to one layer's kernels re-tunes that
-    layer alone; any other kind, every one of the library's kernels."""
+    kernels a choice of tuning `kind` is made among: a kind named after one of the layer packages of
+    `nnkernels.ops` ("conv2d_dw": `ops/conv2d/`) hashes that package's kernels and the shared ones of
+    `ops/common/`, so a change to one layer's kernels re-tunes that layer alone; any other kind, every one of the
+    library's kernels."""
     from . import ops
     from .kernel import catalogue
 

@@ -116,7 +116,8 @@ def test_channels_last_kernels_match_float64(dtype, y_nhwc):
     y = stored.permute(0, 3, 1, 2) if y_nhwc else stored
     split = 3
     partial = poisoned(split, dw_partial_size(C_OUT, C_IN, 3, 3, True), dtype=torch.float32)
-    Conv2dGemmClDw(*geometry, 1, False, True, False, 16, 16, 16, 1, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
+    Conv2dGemmClDw(*geometry, 1, False, True, False, 16, 16, 16, 1, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes,
+                                                                                      split)
     dw, dbias = poisoned(C_OUT, C_IN, 3, 3, dtype=dtype), poisoned(C_OUT, dtype=dtype)
     Conv2dDwReduce(True, 1, 1, 2, 64, dtype=dtype).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
     y64, _, dw64, db64 = _references(x, w, bias, dy, stride, pad, dil, 1)
@@ -161,8 +162,9 @@ def test_channels_last_forward_reads_flipped_taps(dtype):
     x, w, bias = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, 3, 2, dtype=dtype), randn(C_OUT, dtype=dtype)
     x_cl, w_flipped = x.permute(0, 2, 3, 1).contiguous(), w.flip(2, 3).permute(0, 2, 3, 1).contiguous()
     y = poisoned(B, C_OUT, OH, OW, dtype=dtype)
-    Conv2dGemmClForward(3, 2, *stride, *pad, *dil, 1, False, True, False, True, False, 32, 16, 16, 8, 1, dtype=dtype).launch(
-        x_cl, w_flipped, bias, y, torch.empty(0, device=x.device), B, C_IN, C_OUT, H, W, OH, OW)
+    flipped = Conv2dGemmClForward(3, 2, *stride, *pad, *dil, 1, False, True, False, True, False, 32, 16, 16, 8, 1,
+                                  dtype=dtype)
+    flipped.launch(x_cl, w_flipped, bias, y, torch.empty(0, device=x.device), B, C_IN, C_OUT, H, W, OH, OW)
     assert_close(y, _references(x, w, bias, randn(*y.shape), stride, pad, dil, 1)[0], dtype)
 
 
@@ -186,7 +188,8 @@ def test_channels_last_dw_tiles_spanning_taps(dtype, tap_span):
     assert_close(dw, dw64, dtype)
     assert_close(dbias, dy.double().sum((0, 2, 3)), dtype)
     with pytest.raises(ValueError, match=r"block_n: expected tap_span \* 16"):
-        Conv2dGemmClDw(*geometry, 1, False, True, False, 16, 16, 16, 2, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes, split)
+        Conv2dGemmClDw(*geometry, 1, False, True, False, 16, 16, 16, 2, dtype=dtype).launch(dy_cl, x_cl, partial,
+                                                                                          *sizes, split)
 
 
 # (B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dilation): C_OUT a multiple of BLOCK_K = 16, C_IN anything.

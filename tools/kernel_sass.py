@@ -29,7 +29,8 @@ from nnkernels.kernel import DTYPE_NAMES, catalogue
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 # "/*0a40*/   @!P0 LDG.E.U16 R3, desc[UR4][R4.64] ;": the address, an optional predicate, the opcode
 _INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
-_MEMORY = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?((?:LDG|STG|LDGSTS|LDS|STS|LDL|STL|LDSM|STSM)\b[A-Z0-9_.]*)")
+_MEMORY = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?"
+                     r"((?:LDG|STG|LDGSTS|LDS|STS|LDL|STL|LDSM|STSM)\b[A-Z0-9_.]*)")
 
 
 def opcode_counts(sass: str) -> collections.Counter:
