@@ -68,7 +68,8 @@ BN_NHWC = ("BatchNorm2dNhwcPartialStats", "BatchNorm2dNhwcMergeStats", "BatchNor
 CASES = {
     # conv2d: implicit GEMM on channels-last copies (dx whenever C_OUT is a multiple of 16: at stride 1 as the
     # forward kernel on dy; strided, written channels-last and transposed; grouped, on block-diagonal weights), on
-    # NCHW (channels not multiples of 16), 1x1 as a matrix product (strided: of the subsampled input), depthwise, the forward a row per
+    # NCHW (channels not multiples of 16), 1x1 as a matrix product (strided: of the subsampled input; the first
+    # guess, as tuning may take the channels-last kernels instead), depthwise, the forward a row per
     # program and the backward as 1x1 products of the unfolded input (at most 4 input channels, large planes); dw
     # split into fp32 partials (from TMA boxes at stride 1; in fp32 on small planes, one 1x1 product of the input
     # unfolded rows-outer); on small planes at stride 1 the forward (and dx) from TMA boxes too.
@@ -78,14 +79,14 @@ CASES = {
                                     dict(x=(1, 16, 4, 4), w=(16, 16, 1, 1)),
                                     ("Subsample2dForward", "Conv2dPointwise", "Subsample2dBackward",
                                      "Conv2dPointwiseDw", "Conv2dDwReduce"),
-                                    dict(stride=2), torch.float16),
+                                    dict(stride=2), torch.float16, tuned=False),
     "conv2d-cl-strided-dx-nhwc-bf16": Case("conv2d", dict(x=(8, 32, 28, 28), w=(64, 32, 3, 3)),
                                            dict(x=(1, 16, 5, 5), w=(16, 16, 3, 3)), CONV_CL,
                                            dict(stride=2, padding=1), torch.bfloat16),
     "conv2d-pointwise-bf16": Case("conv2d", dict(x=(16, 64, 28, 28), w=(128, 64, 1, 1)),
                                   dict(x=(2, 24, 5, 7), w=(40, 24, 1, 1)),
                                   ("Conv2dPointwise", "Conv2dPointwiseDw", "Conv2dDwReduce"),
-                                  dict(bias=True), torch.bfloat16),
+                                  dict(bias=True), torch.bfloat16, tuned=False),
     "conv2d-nchw-fp32": Case("conv2d", dict(x=(8, 24, 28, 28), w=(40, 24, 3, 3)), dict(x=(2, 3, 5, 5), w=(4, 3, 3, 3)),
                              CONV_NCHW, dict(padding=1, bias=True)),
     "conv2d-unfolded-bf16": Case("conv2d", dict(x=(8, 3, 64, 64), w=(32, 3, 7, 7)),
