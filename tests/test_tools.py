@@ -95,6 +95,21 @@ def test_compare_bench_lists_the_rows_that_moved(tmp_path):
     assert report[6:] == ["only before: c bf16 forward", "only after: d bf16 forward"]
 
 
+def test_ptx_digests_ignore_source_locations_and_compare_runs(tmp_path):
+    tool = _tool("ptx_digests")
+    ptx = ".visible .entry k()\n{\n\t.loc 1 20 3\n\tld.global.b32 %r1, [%rd1];\n}\n\t.section\t.debug_info\n{ 7 }\n"
+    moved = ptx.replace(".loc 1 20 3", ".loc 1 31 3").replace("{ 7 }", "{ 9 }")
+    assert tool.ptx_digest(ptx) == tool.ptx_digest(moved)
+    assert tool.ptx_digest(ptx) != tool.ptx_digest(ptx.replace("b32", "b64"))
+    built = tool.shipped_kernels({"Conv2dGroupedWeight"})  # the shipped grouped choices' weight expansions
+    assert built and all(kid.startswith("conv2d_grouped_weight__") for kid in built)
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    before.write_text(json.dumps({"a": "1", "b": "2", "c": "3"}))
+    after.write_text(json.dumps({"a": "1", "b": "5", "d": "4"}))
+    assert tool.main(["--compare", str(before), str(after)]).splitlines() == [
+        "2 kernels in both, 1 compile differently, 2 in one only", "  differs: b", "  one only: c", "  one only: d"]
+
+
 def test_the_shipped_table_holds_only_choices_of_the_current_kernels():
     """Every choice in `nnkernels/tuned.json` names the current code of its layer's kernels: a kernel changed
     without a new tuning run on the GPU drops its layer's entries (`tools/ship_tuning.py` does), leaving none that

@@ -179,10 +179,8 @@ def conv2d_gemm_cl_forward(
     else:
         cin_per_group = C_IN // G
         cout_per_group = C_OUT // G
-        first, end = group_window(pid_n * BLOCK_N, BLOCK_N, cout_per_group, cin_per_group, C_IN)
-        first = window_start(first, WHOLE_WINDOWS, BLOCK_K)
-        width = window_start(group_window_width(BLOCK_N, cin_per_group, cout_per_group, G), WHOLE_WINDOWS, BLOCK_K)
-        slices = tl.cdiv(end - first, BLOCK_K)
+        first, end, width, slices = tile_window(pid_n * BLOCK_N, BLOCK_N, cout_per_group, cin_per_group, C_IN, G,
+                                                WHOLE_WINDOWS, BLOCK_K)
         w_rows = w + c_out.to(tl.int64)[:, None] * (KH * KW * width)
         for step in range(0, KH * KW * slices):
             tap = step // slices
@@ -274,6 +272,18 @@ def window_start(first, WHOLE_WINDOWS: tl.constexpr, STEP: tl.constexpr):
     if WHOLE_WINDOWS:
         first = (first // STEP) * STEP
     return first
+
+
+@triton.jit
+def tile_window(first_out, BLOCK: tl.constexpr, out_per_group, in_per_group, in_total, G: tl.constexpr,
+                WHOLE_WINDOWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(first, end, width, slices) of a grouped product tile of BLOCK channels from `first_out`: the reduced
+    channels [first, end) it reads (`group_window`), its block-diagonal weight rows' width (`group_window_width`)
+    and the BLOCK_K slices over [first, end); first and width seen as multiples of BLOCK_K when WHOLE_WINDOWS."""
+    first, end = group_window(first_out, BLOCK, out_per_group, in_per_group, in_total)
+    first = window_start(first, WHOLE_WINDOWS, BLOCK_K)
+    width = window_start(group_window_width(BLOCK, in_per_group, out_per_group, G), WHOLE_WINDOWS, BLOCK_K)
+    return first, end, width, tl.cdiv(end - first, BLOCK_K)
 
 
 @triton.jit
@@ -398,7 +408,7 @@ def conv2d_gemm_cl_dw(
 
 Conv2dGemmClForward = kernel_object(
     conv2d_gemm_cl_forward,
-    helpers=(conv_dot, group_window, window_start, window_ok, group_window_width, add_forward_bias,
+    helpers=(conv_dot, group_window, window_start, window_ok, group_window_width, tile_window, add_forward_bias,
              forward_y_offset, store_forward_tile),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, False, True, False, False, 128, 64, 64, 128, 1),
     entry=conv2d_gemm_cl_forward_entry,

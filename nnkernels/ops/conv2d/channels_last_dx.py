@@ -18,8 +18,8 @@ import triton.language as tl
 
 from ...kernel import kernel_object
 from ..common.checks import check_grid_3d, check_numel
-from .channels_last import (check_image_tiles, check_whole_windows, group_window, group_window_width, window_ok,
-                            window_start, window_width)
+from .channels_last import (check_image_tiles, check_whole_windows, group_window, group_window_width, tile_window,
+                            window_ok, window_start, window_width)
 from .gemm_dx import phase_taps
 from .checks import check_conv_launch
 from ..common.host_math import cdiv
@@ -116,10 +116,8 @@ def conv2d_gemm_cl_dx(
     else:
         cin_per_group = C_IN // G
         cout_per_group = C_OUT // G
-        first, end = group_window(pid_n * BLOCK_N, BLOCK_N, cin_per_group, cout_per_group, C_OUT)
-        first = window_start(first, WHOLE_WINDOWS, BLOCK_K)
-        width = window_start(group_window_width(BLOCK_N, cout_per_group, cin_per_group, G), WHOLE_WINDOWS, BLOCK_K)
-        slices = tl.cdiv(end - first, BLOCK_K)
+        first, end, width, slices = tile_window(pid_n * BLOCK_N, BLOCK_N, cin_per_group, cout_per_group, C_OUT, G,
+                                                WHOLE_WINDOWS, BLOCK_K)
         for step in range(0, count_h * count_w * slices):
             tap_pair = step // slices
             c_out = first + (step % slices) * BLOCK_K + channel
@@ -154,7 +152,7 @@ def conv2d_gemm_cl_dx(
 
 Conv2dGemmClDx = kernel_object(
     conv2d_gemm_cl_dx,
-    helpers=(phase_taps, conv_dot, group_window, window_start, window_ok, group_window_width),
+    helpers=(phase_taps, conv_dot, group_window, window_start, window_ok, group_window_width, tile_window),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, False, 128, 64, 64, 128),
     entry=conv2d_gemm_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
