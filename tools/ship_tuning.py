@@ -3,9 +3,9 @@
     PYTHONPATH=. python3 tools/ship_tuning.py CACHE.json [CACHE.json ...] [--into nnkernels/tuned.json]
 
 Each CACHE is a `tuning.json` a GPU run wrote (e.g. `nnkernels bench models` with NNKERNELS_CACHE_DIR set).
-Entries whose key names the current sources of their op's kernels (their fingerprint) and choice format are merged
-into the table, later files winning; entries of older sources are dropped, so a table only ever answers for the kernels
-it was tuned on. Run where the package imports (no GPU needed).
+Entries whose key names the current code of their layer's kernels (their fingerprint) and choice format are
+merged into the table, later files winning; entries of older code are dropped, so a table only ever answers for
+the kernels it was tuned on. Run where the package imports (no GPU needed).
 """
 import argparse
 import json

@@ -73,7 +73,6 @@ def _elementwise(C, config, machine):
     return max(1, tile // config.block_c), config.block_c
 
 
-
 def _merge_partials(chunks):
     return min(MERGE_PARTIALS, next_power_of_2(chunks))
 
@@ -90,7 +89,8 @@ def train_forward_kernels(problem, config, update_running):
 
 def train_forward_runner(problem, config, update_running):
     """run(x, weight, bias, running_mean, running_var, eps, momentum) -> (y, mean, rstd, var_unbiased); x and y
-    channels-last [B, C, H, W] tensors (the kernels get their NHWC views), the running statistics updated in place when `update_running`."""
+    channels-last [B, C, H, W] tensors (the kernels get their NHWC views), the running statistics updated in
+    place when `update_running`."""
     M, C = problem.rows, problem.dims[1]
     stats, merge, normalize = (Launcher(k) for k in train_forward_kernels(problem, config, update_running))
     rows_per_chunk, chunks = _split(M, C, config)

@@ -30,21 +30,17 @@ import torch.distributed as dist
 from .. import machine
 from ..launcher import Launcher
 from ..ops.batch_norm.sync import BatchNorm2dMergePartialStats, BatchNorm2dSyncStats
-from ..ops.common.host_math import cdiv, next_power_of_2
+from ..ops.common.host_math import next_power_of_2
 from . import batchnorm
 from .batchnorm_algorithms import (F32, BatchNormProblem, split_candidates, sync_backward_runners,
                                    sync_statistics_runner)
-from .common import FLOAT_DTYPES, ArgumentError, PlanCache, aligned, kernel, refuse_double_backward, register_kernels
+from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, aligned, fp32_rows_length, kernel,
+                     refuse_double_backward, register_kernels)
 
 _PLANS = PlanCache()
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 _DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 _FAILED = 1  # header status: this rank's own checks failed
-
-
-def _padded(n):
-    """n rounded up to whole 16-byte groups of fp32, so that every row of a [rows, _padded(n)] buffer is aligned."""
-    return cdiv(n, 4) * 4
 
 
 def _check(x, weight, bias, running_mean, running_var, momentum, eps):
@@ -116,7 +112,7 @@ class SyncBatchNormPlan:
 
     def __init__(self, x, world_size):
         B, C = x.shape[0], x.shape[1]
-        self.C, self.world_size, self.row = C, world_size, _padded(C)
+        self.C, self.world_size, self.row = C, world_size, fp32_rows_length(C)
         self.count = B * (x.numel() // (B * C)) if B else 0
         self.device = x.device
         block = next_power_of_2(world_size)
@@ -129,7 +125,7 @@ class SyncBatchNormPlan:
         forward, backward = (split_candidates(step, problem.machine)[0] for step in ("train_forward", "train_backward"))
         self.statistics, self.chunks = sync_statistics_runner(problem, forward)
         self.sums, self.dx = sync_backward_runners(problem, backward)
-        self.width = _padded(C * self.chunks)
+        self.width = fp32_rows_length(C * self.chunks)
         if self.chunks > 1:
             self.merge = Launcher(kernel(BatchNorm2dMergePartialStats, next_power_of_2(self.chunks), dtype=F32))
 
