@@ -39,6 +39,8 @@ def _compile_conv(shape: ConvShape, dtype_name: str, tf32: bool, device: str):
     x = torch.randn(shape.x_shape, device=device).to(dtype)
     x = x.contiguous(memory_format=torch.channels_last) if shape.channels_last else x
     weight = torch.randn(shape.w_shape, device=device).to(dtype)
+    # A channels-last output mostly means a model moved to channels_last, whose weights are channels-last too.
+    weight = weight.contiguous(memory_format=torch.channels_last) if shape.channels_last else weight
     precompile(x, weight, shape.stride, shape.padding, shape.dilation, shape.groups, shape.bias)
     if device.startswith("cuda"):
         torch.cuda.synchronize()

@@ -80,19 +80,51 @@ def _copies(ids):
 
 def test_the_channels_last_kernels_copy_only_the_weight():
     """3x3 and 1x1 layers with channels in 16s: forward and backward read x and dy where they lie and write y
-    and dx there; the only layout copies are the weight's (for the forward, and transposed for dx)."""
-    for kernel, padding in (((3, 3), 1), ((1, 1), 0)):
+    and dx there; the only layout copies are the weight's: for the forward (none for a 1x1 weight, already
+    [C_OUT, 1, 1, C_IN]), and transposed for dx."""
+    for kernel, padding, copies in (((3, 3), 1, 2), ((1, 1), 0, 1)):
         case = (2, 16, 32, 6, 5, kernel, 1, padding, 1, 1, True)
         x, w, b, options = _tensors(case, torch.bfloat16)
         y = conv2d(x, w, b, *options)
         y.backward(randn(*y.shape, dtype=torch.bfloat16).contiguous(memory_format=CL))
         launched = last_kernels("conv2d")
         ids = launched["forward"] + launched["backward"]
-        assert len(_copies(ids)) == 2, ids
+        assert len(_copies(ids)) == copies, ids
+        assert not _copies(launched["forward"]) or kernel == (3, 3)
         listed = kernels_for(x.shape, w.shape, 1, padding, dtype=torch.bfloat16, bias=True, channels_last=True)
         assert listed == ids
         nchw = kernels_for(x.shape, w.shape, 1, padding, dtype=torch.bfloat16, bias=True)
         assert len(_copies(nchw)) > 2 or kernel == (1, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_a_channels_last_weight_is_read_where_it_lies(dtype, monkeypatch):
+    """A model moved to channels_last has channels-last weights: the forward reads the weight as it is stored,
+    copying nothing (it used to copy it to NCHW and back), and the backward's dx takes it NCHW. Values against
+    float64, and the copies counted both ways."""
+    from nnkernels.functional import layout
+
+    transposes = []
+    real = layout.channels_first_copy
+
+    def counted(*args):
+        copy = real(*args)
+        return lambda t: transposes.append(t.shape) or copy(t)
+
+    monkeypatch.setattr(layout, "channels_first_copy", counted)
+    layout._cached_copy.cache_clear()
+    case = (2, 16, 32, 6, 5, (3, 3), 1, 1, 1, 1, True)
+    x, w, b, options = _tensors(case, dtype, w_format=CL)
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        y = conv2d(x, w, b, *options)
+        assert not _copies(last_kernels("conv2d")["forward"]) and not transposes
+        assert kernels_for(x.shape, w.shape, 1, 1, dtype=dtype, bias=True, weight_channels_last=True,
+                           backward=False) == last_kernels("conv2d")["forward"]
+        dy = randn(*y.shape, dtype=dtype).contiguous(memory_format=CL)
+        grads = torch.autograd.grad(y, (x, w, b), dy)
+    assert transposes == [(32, 3, 3, 16)]  # the weight to NCHW for dx, once
+    assert_conv2d_matches_float64(y, grads, (x, w, b), dy, options, dtype)
+    layout._cached_copy.cache_clear()
 
 
 def test_a_layer_on_nchw_kernels_copies_in_and_out():

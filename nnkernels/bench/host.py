@@ -44,6 +44,7 @@ def cases(device, dtype):
     x, x256 = leaf(2, 64, 8, 8), leaf(2, 256, 8, 8)
     x_cl = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
     w3, w1, wd, ws = leaf(64, 64, 3, 3), leaf(256, 64, 1, 1), leaf(64, 1, 3, 3), leaf(64, 256, 3, 3)
+    w3_cl = w3.detach().contiguous(memory_format=torch.channels_last).requires_grad_()  # a model moved to it
     weight, bias = leaf(64, dtype=torch.float32), leaf(64, dtype=torch.float32)
     stats = (torch.zeros(64, device=device), torch.ones(64, device=device))
 
@@ -68,6 +69,11 @@ def cases(device, dtype):
                                   step(lambda: F.conv2d(x256, ws, stride=2, padding=1), (x256, ws))),
         "conv2d 3x3 64->64 channels_last": (step(lambda: nnkernels.conv2d(x_cl, w3, padding=1), (x_cl, w3)),
                                             step(lambda: F.conv2d(x_cl, w3, padding=1), (x_cl, w3))),
+        "conv2d 3x3 64->64 channels_last weights": (
+            step(lambda: nnkernels.conv2d(x_cl, w3_cl, padding=1), (x_cl, w3_cl)),
+            step(lambda: F.conv2d(x_cl, w3_cl, padding=1), (x_cl, w3_cl))),
+        "conv2d 1x1 64->256 channels_last": (step(lambda: nnkernels.conv2d(x_cl, w1), (x_cl, w1)),
+                                             step(lambda: F.conv2d(x_cl, w1), (x_cl, w1))),
         "batch_norm train": (batch_norm(nnkernels.batch_norm, True), batch_norm(F.batch_norm, True)),
         "batch_norm train channels_last": (batch_norm(nnkernels.batch_norm, True, x_cl),
                                            batch_norm(F.batch_norm, True, x_cl)),

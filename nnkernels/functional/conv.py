@@ -171,11 +171,12 @@ def _batch_chunks(batch, pixels_per_image):
 class Conv2dPlan:
     """What every call with one signature runs: `forward(x, weight, bias)` and `backward(dy, x, weight, needs)`, on
     tensors `prepare` made ready (4-D, aligned, contiguous; x channels-last in a `channels_last` plan, whose y, dy
-    and dx are channels-last too). Built from checked arguments."""
+    and dx are channels-last too; the weight channels-last where the plan's forward reads it so, `weight_nhwc`).
+    Built from checked arguments."""
 
     def __init__(self, x_shape, w_shape, has_bias, dtype, device, stride, padding, dilation, groups, unbatched=False,
-                 channels_last=False):
-        self.unbatched, self.channels_last = unbatched, channels_last
+                 channels_last=False, weight_channels_last=False):
+        self.unbatched, self.channels_last, self.weight_channels_last = unbatched, channels_last, weight_channels_last
         self.x_shape, self.w_shape, self.has_bias, self.dtype, self.device = x_shape, w_shape, has_bias, dtype, device
         self.args = (stride, padding, dilation, groups)
         self.y_shape = (x_shape[0], w_shape[0], output_size(x_shape[2], w_shape[2], stride[0], padding[0], dilation[0]),
@@ -189,7 +190,9 @@ class Conv2dPlan:
         if len(self.chunks) > 1:
             for n in dict.fromkeys(end - first for first, end in self.chunks):
                 self.parts[n] = Conv2dPlan((n, *x_shape[1:]), w_shape, has_bias, dtype, device, *self.args,
-                                           channels_last=channels_last)
+                                           channels_last=channels_last, weight_channels_last=weight_channels_last)
+        # A channels-last weight the forward reads as it lies (no copy); the backward's dx takes it NCHW.
+        self.weight_nhwc = self.problem(has_bias).w_nhwc
         self._forward = None
         self._forward_ids = None
         self._backward = {}
@@ -197,7 +200,8 @@ class Conv2dPlan:
     def problem(self, has_bias):
         stride, padding, dilation, groups = self.args
         return Problem(self.x_shape, self.w_shape, stride, padding, dilation, groups, self.dtype, has_bias,
-                       machine.machine_of(self.device), tf32=self.tf32, device=self.device, nhwc=self.channels_last)
+                       machine.machine_of(self.device), tf32=self.tf32, device=self.device, nhwc=self.channels_last,
+                       w_nhwc=self.weight_channels_last)
 
     def prepare(self, x, weight, bias):
         if self.unbatched:
@@ -205,7 +209,8 @@ class Conv2dPlan:
         if not self.runs_kernels:
             return x, weight, bias
         ready_x = _ready_channels_last(x) if self.channels_last else _ready(x)
-        return ready_x, _ready(weight), None if bias is None else _ready(bias)
+        ready_weight = aligned(weight) if self.weight_nhwc else _ready(weight)
+        return ready_x, ready_weight, None if bias is None else _ready(bias)
 
     def forward(self, x, weight, bias):
         if not self.runs_kernels:
@@ -241,6 +246,8 @@ class Conv2dPlan:
             with switch:
                 return self.backward(dy, x, weight, needs)
         dy = _ready_channels_last(dy) if self.channels_last else _ready(dy)
+        if self.weight_nhwc and needs[0]:
+            weight = _ready(weight)
         if len(self.chunks) > 1:
             parts = [self.parts[end - first].backward(dy[first:end], x[first:end], weight, needs)
                      for first, end in self.chunks]
@@ -368,7 +375,8 @@ def _new_plan(x, weight, bias, stride, padding, dilation, groups):
     _check(x, weight, bias, stride, padding, dilation, groups)
     unbatched = x.dim() == 3
     return Conv2dPlan((1, *x.shape) if unbatched else tuple(x.shape), tuple(weight.shape), bias is not None, x.dtype,
-                      x.device, stride, padding, dilation, groups, unbatched, channels_last_output(x, weight))
+                      x.device, stride, padding, dilation, groups, unbatched, channels_last_output(x, weight),
+                      _is_channels_last(weight))
 
 
 class _Conv2d(torch.autograd.Function):
@@ -510,19 +518,23 @@ for _device_type in _AUTOCAST_DEVICES:
 
 # ---- what a call launches ----
 
-def _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias, channels_last=False):
+def _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias, channels_last=False,
+                    weight_channels_last=False):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return Problem(x_shape, weight_shape, _pair(stride, "stride"), _pair(padding, "padding"),
                    _pair(dilation, "dilation"), groups, dtype, bias, machine.machine_of(device),
-                   tf32=tf32_products(dtype, device.type), device=device, nhwc=channels_last)
+                   tf32=tf32_products(dtype, device.type), device=device, nhwc=channels_last,
+                   w_nhwc=weight_channels_last)
 
 
 def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype=torch.float32,
-                bias=False, backward=True, channels_last=False) -> list[str]:
+                bias=False, backward=True, channels_last=False, weight_channels_last=False) -> list[str]:
     """The ids of the kernels `conv2d` launches for this call (forward, then dx, then dw and its reduce when
-    `backward`; `channels_last`: x, and so y, dy and dx, channels-last), with the choices tuning has remembered
-    or, before any tuning, the first guesses."""
-    p = _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias, channels_last)
+    `backward`; `channels_last`: x, and so y, dy and dx, channels-last; `weight_channels_last`: the weight stored
+    channels-last too, as `model.to(memory_format=torch.channels_last)` leaves it), with the choices tuning has
+    remembered or, before any tuning, the first guesses."""
+    p = _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias,
+                        channels_last or weight_channels_last, weight_channels_last)
     passes = [forward_pass(p)] + ([dx_pass(p), dw_pass(p)] if backward else [])
     choices = [pass_.peek() for pass_ in passes]
     ids = [[k.id for k in pass_.kernels(choice)] for pass_, choice in zip(passes, choices)]
@@ -540,9 +552,10 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     from .. import tuning
 
     p = _listed_problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype, bias,
-                        channels_last_output(x, weight))
+                        channels_last_output(x, weight), _is_channels_last(weight))
     p.device = x.device
-    x, weight = (_ready_channels_last(x) if p.nhwc else _ready(x)), _ready(weight)
+    x = _ready_channels_last(x) if p.nhwc else _ready(x)
+    forward_weight, weight = (aligned(weight) if p.w_nhwc else _ready(weight)), _ready(weight)  # dx reads it NCHW
     bias_arg = torch.zeros(p.C_OUT, dtype=x.dtype, device=x.device) if bias else None
     count = None if full else tuning.QUICK_CANDIDATES
 
@@ -551,7 +564,7 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
         return [known] if known is not None else pass_.candidates()[:count]
 
     forward = forward_pass(p)
-    outputs = [forward.runner(choice)(x, weight, bias_arg) for choice in choices(forward)]
+    outputs = [forward.runner(choice)(x, forward_weight, bias_arg) for choice in choices(forward)]
     if not backward:
         return
     dy = outputs[0]  # the forward's output stands in for dy

@@ -54,7 +54,7 @@ class Problem:
     """The sizes of one convolution, in the names the kernels take, on `machine`."""
 
     def __init__(self, x_shape, w_shape, stride, padding, dilation, groups, dtype, has_bias, machine: Machine, *,
-                 tf32=None, flip_taps=False, device=None, nhwc=False):
+                 tf32=None, flip_taps=False, device=None, nhwc=False, w_nhwc=False):
         self.B, self.C_IN, self.H, self.W = (int(v) for v in x_shape)
         self.C_OUT, self.cin_per_group, self.KH, self.KW = (int(v) for v in w_shape)
         self.OH = output_size(self.H, self.KH, stride[0], padding[0], dilation[0])
@@ -88,6 +88,9 @@ class Problem:
         self.winograd = (self.rows_outer_dw and not self.tf32 and self.geometry == (3, 3, 1, 1, 1, 1, 1, 1)
                          and min(self.C_IN, self.C_OUT) >= WINOGRAD_MIN_CHANNELS and winograd_enabled()
                          and winograd_fits(self.B, self.H, self.W, max(self.C_IN, self.C_OUT)))
+        # The weight stored channels-last as well (a model moved to channels_last): the channels-last forwards, the
+        # only ones a one-group channels-last problem runs, read it where it lies, as [C_OUT, KH, KW, C_IN].
+        self.w_nhwc = w_nhwc and nhwc and self.channels_last
         # The channels-last copy of x pays off over KH*KW taps, and for a 1x1 layer on small planes, where the NCHW
         # products run short: there the pointwise kernels and the channels-last ones are timed against each other
         # (`conv_algorithms`); a padded 1x1 layer keeps the NCHW implicit GEMM.

@@ -31,15 +31,24 @@ from ..ops.common.layout import channels_last_kernel, channels_last_pair_kernel,
 from ..ops.conv2d.subsample import Subsample2dBackward, Subsample2dForward, subsample_tiles
 
 
+def _identity(rows, cols) -> bool:
+    """Whether transposing [rows, cols] leaves the memory as it is: a single row or column (a 1x1 weight)."""
+    return rows == 1 or cols == 1
+
+
 def _transpose_kernels(images, rows, cols, dtype):
-    return [channels_last_kernel(*channels_last_tiles(rows, cols), dtype)] if images * rows * cols else []
+    moves = images * rows * cols and not _identity(rows, cols)
+    return [channels_last_kernel(*channels_last_tiles(rows, cols), dtype)] if moves else []
 
 
 def transpose_copy(images, rows, cols, out_shape, dtype, device):
     """t, contiguous, of any shape holding [images, rows, cols] -> [images, cols, rows], returned with `out_shape`
-    (no view of t is made: the kernel reads it by its sizes)."""
+    (no view of t is made: the kernel reads it by its sizes); where the transpose moves nothing, t itself viewed
+    as `out_shape`."""
     new, kernels = allocator(dtype, device), _transpose_kernels(images, rows, cols, dtype)
     if not kernels:
+        if images * rows * cols:
+            return lambda t: t.view(out_shape)
         return lambda t: new(*out_shape)
     launch = Launcher(kernels[0])
 
@@ -67,6 +76,8 @@ def channels_last_result(shape, dtype, device):
     n, c, h, w = shape
     new, kernels = channels_last_allocator(dtype, device), _transpose_kernels(n, c, h * w, dtype)
     if not kernels:
+        if n * c * h * w:
+            return _same  # one channel or one pixel: t is channels-last as it is
         return lambda t: new(n, c, h, w)
     launch = Launcher(kernels[0])
 
@@ -170,6 +181,10 @@ def subsample_adjoint(grad_shape, shape, stride, dtype, device):
         return x
 
     return spread
+
+
+def _same(t):
+    return t
 
 
 @functools.lru_cache(maxsize=256)

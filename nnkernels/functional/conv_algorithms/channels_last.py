@@ -141,15 +141,15 @@ def dx_forward_weight(p):
 
 def forward_copies(p, tile_n: int = 0) -> list:
     """The layout copies a channels-last forward launches before its product: x and the weight in one launch (the
-    weight alone where x is channels-last), or of a `dx_forward` problem dy (unless the backward shares its copy
-    or dy is channels-last) and the transposed weight; of a grouped problem x (or dy) and the block-diagonal
-    weight of tiles `tile_n` wide (`grouped.expanded_weight`)."""
+    weight alone where x is channels-last, nothing where the weight is too: `Problem.w_nhwc`), or of a `dx_forward`
+    problem dy (unless the backward shares its copy or dy is channels-last) and the transposed weight; of a grouped
+    problem x (or dy) and the block-diagonal weight of tiles `tile_n` wide (`grouped.expanded_weight`)."""
     if p.grouped:
         return nhwc_operand_kernels(p, p.x_shape) + expanded_weight_kernels(p, tile_n)
     if p.flip_taps:
         return nhwc_operand_kernels(p, p.x_shape) + channels_last_copy_kernels(_dx_forward_weight_shape(p), p.dtype)
     if p.nhwc:
-        return channels_last_copy_kernels(p.w_shape, p.dtype)
+        return [] if p.w_nhwc else channels_last_copy_kernels(p.w_shape, p.dtype)
     return channels_last_pair_kernels(p.x_shape, p.w_shape, p.dtype)
 
 
@@ -163,7 +163,8 @@ def forward_runner(p, kernels, split, tile_n: int = 0):
     `Conv2dGemmClForward` or `Conv2dTmaForward`, then the split-K sum when `split` > 1: run(x, weight, bias,
     x_cl=None) -> y. Of a `dx_forward` problem (FLIP_TAPS) it computes dx:
     x is dy, read channels-last (`x_cl`, the backward's shared copy, where it made one), and the weight is the
-    convolution's own. Of a channels-last problem y is channels-last."""
+    convolution's own. Of a channels-last problem y is channels-last, and of one whose weight is too (`w_nhwc`)
+    the weight is taken channels-last."""
     conv, *rest = (Launcher(k) for k in kernels[len(forward_copies(p, tile_n)):])
     shape, dtype, sizes, device, c_out = p.y_shape, p.dtype, p.sizes, p.device, p.C_OUT
     numel = p.B * p.C_OUT * p.OH * p.OW
@@ -183,7 +184,7 @@ def forward_runner(p, kernels, split, tile_n: int = 0):
         def inputs(x, weight, x_cl):
             return (x_cl if x_cl is not None else copy_x(x)), transposed(weight)
     elif p.nhwc:
-        copy_weight = channels_last_copy(p.w_shape, dtype, device)
+        copy_weight = _as_stored if p.w_nhwc else channels_last_copy(p.w_shape, dtype, device)
 
         def inputs(x, weight, x_cl):
             return _as_stored(x), copy_weight(weight)
