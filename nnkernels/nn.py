@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from .functional.pooling import avg_pool2d
 from .functional.batchnorm import batch_norm
@@ -74,11 +75,10 @@ def _same_padding(kernel_size, dilation) -> tuple:
 
 
 def _conv2d_options(conv: torch.nn.Conv2d) -> tuple:
-    """The numeric padding nnkernels runs `conv` with; NotImplementedError for options it cannot run."""
+    """The numeric padding nnkernels runs `conv` with; NotImplementedError for options it cannot run. With a
+    padding_mode other than 'zeros' torch pads the input first (`F.pad`) and convolves without padding."""
     if conv.padding_mode != "zeros":
-        raise NotImplementedError(
-            f"padding_mode={conv.padding_mode!r} is not supported by nnkernels.nn.Conv2d; only 'zeros' is"
-        )
+        return (0, 0)
     if conv.padding == "same":
         return _same_padding(conv.kernel_size, conv.dilation)
     if conv.padding == "valid":
@@ -94,7 +94,8 @@ class _Named:
 
 
 class Conv2d(_Named, torch.nn.Conv2d):
-    """`torch.nn.Conv2d` running `nnkernels.functional.conv2d` (only padding_mode='zeros')."""
+    """`torch.nn.Conv2d` running `nnkernels.functional.conv2d`. padding_mode 'reflect', 'replicate' and 'circular'
+    pad as torch does, with torch's `F.pad`, before nnkernels' convolution."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -102,6 +103,8 @@ class Conv2d(_Named, torch.nn.Conv2d):
 
     def forward(self, input):
         padding = _conv2d_options(self)
+        if self.padding_mode != "zeros":
+            input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
         try:
             return conv2d(input, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
         except (TypeError, ValueError, RuntimeError):

@@ -340,8 +340,6 @@ def test_batch_norm_refuses_and_leaves_running_statistics(changes, exception, me
 
 MODULE_ROWS = [
     # (id, make layer, input, exception, message)
-    ("conv-padding-mode", lambda: nkn.Conv2d(3, 4, 3, padding_mode="reflect"), None, NotImplementedError,
-     r"padding_mode='reflect' is not supported"),
     ("conv-same-asymmetric", lambda: nkn.Conv2d(3, 4, 2, padding="same"), None, NotImplementedError,
      r"padding='same' with kernel_size=\(2, 2\)"),
     ("conv-channels", lambda: nkn.Conv2d(3, 4, 3), lambda: randn(2, 5, 6, 6), RuntimeError,

@@ -1,6 +1,8 @@
 """nnkernels.nn layers against their torch.nn namesakes: constructor, parameters, buffers,
 state_dict, repr, unsupported options, bad input, train/eval semantics, and a small CNN that
 trains for a few steps with the same losses as its torch twin."""
+import copy
+
 import pytest
 import torch
 
@@ -56,10 +58,31 @@ def test_layer_has_torch_parameters_buffers_state_dict_and_repr(kind, config):
 
 
 def test_unsupported_options_raise_not_implemented_naming_them():
-    with pytest.raises(NotImplementedError, match="padding_mode='reflect'"):
-        nnk.Conv2d(2, 2, 3, padding=1, padding_mode="reflect")
     with pytest.raises(NotImplementedError, match="padding='same'.*asymmetric"):
         nnk.Conv2d(2, 2, 2, padding="same")
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_padding_modes_pad_as_torch_then_convolve(mode):
+    """padding_mode other than 'zeros': torch's F.pad, then nnkernels' convolution without padding; 'same' with
+    an even kernel too (the padding is asymmetric, which F.pad takes). Output and gradients against float64."""
+    for kernel, padding in ((3, (1, 2)), (2, "same")):
+        torch.manual_seed(0)
+        reference = torch.nn.Conv2d(3, 4, kernel, padding=padding, padding_mode=mode).to(DEVICE)
+        ours = nnk.convert(copy.deepcopy(reference))
+        assert type(ours) is nnk.Conv2d
+        x = torch.randn(2, 3, 7, 6, device=DEVICE, requires_grad=True)
+        with torch.backends.cudnn.flags(allow_tf32=False):
+            y = ours(x)
+            dy = torch.randn_like(y)
+            grads = torch.autograd.grad(y, (x, ours.weight, ours.bias), dy)
+        reference64 = copy.deepcopy(reference).cpu().double()
+        x64 = x.detach().cpu().double().requires_grad_()
+        y64 = reference64(x64)
+        grads64 = torch.autograd.grad(y64, (x64, reference64.weight, reference64.bias), dy.cpu().double())
+        for out, ref in zip((y, *grads), (y64, *grads64)):
+            assert out.shape == ref.shape
+            assert_close(out, ref, torch.float32)
 
 
 def test_bad_input_raises_what_torch_raises_saying_what_was_expected():
