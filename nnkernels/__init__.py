@@ -1,7 +1,7 @@
 """nnkernels: GPU kernels for training convolutional networks, written in Triton.
 
 Layers, top to bottom: `nnkernels.nn` (drop-in modules and `convert`), the functional ops
-(`conv2d`, `avg_pool2d`, `batch_norm`), the kernel objects (`catalogue()`), Triton.
+(`conv2d`, `conv_transpose2d`, `avg_pool2d`, `batch_norm`), the kernel objects (`catalogue()`), Triton.
 
 Importing the package imports neither torch nor Triton: each public name is imported on first use, so
 that the command line starts fast.
@@ -25,6 +25,7 @@ _NAMES = {
     "catalogue": "kernel",
     "compile_all": "kernel",
     "conv2d": "functional",
+    "conv_transpose2d": "functional",
     "convert": "nn",
     "kernel_object": "kernel",
     "nn": None,

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from .functional.pooling import avg_pool2d
 from .functional.batchnorm import batch_norm
 from .functional.conv import conv2d
+from .functional.conv_transpose import conv_transpose2d
 from .functional.sync_batchnorm import sync_batch_norm
 from .kernel import INTERPRETED
 
@@ -122,6 +123,32 @@ class Conv2d(_Named, torch.nn.Conv2d):
                 f"{layer}: input: expected {self.in_channels} channels (dim -3) for weight of shape "
                 f"{list(self.weight.shape)} and groups={self.groups}, got {channels} (shape {list(input.shape)})"
             )
+
+
+class ConvTranspose2d(_Named, torch.nn.ConvTranspose2d):
+    """`torch.nn.ConvTranspose2d` running `nnkernels.functional.conv_transpose2d` (output_padding below the stride;
+    `output_size` in the forward as torch takes it)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _transpose_options(self)
+
+    def forward(self, input, output_size=None):
+        try:
+            output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size, 2,
+                                                  self.dilation)
+            return conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, output_padding,
+                                    self.groups, self.dilation)
+        except (TypeError, ValueError, RuntimeError):
+            _check_input(type(self).__name__, input, (3, 4))  # the layer's own words, where it can tell
+            raise
+
+
+def _transpose_options(conv: torch.nn.ConvTranspose2d):
+    """NotImplementedError for a transposed convolution nnkernels cannot run."""
+    if any(p >= s for p, s in zip(conv.output_padding, conv.stride)):
+        raise NotImplementedError(f"output_padding={tuple(conv.output_padding)} is not supported by "
+                                  f"nnkernels.nn.ConvTranspose2d; it must be below the stride {tuple(conv.stride)}")
 
 
 class AvgPool2d(_Named, torch.nn.AvgPool2d):
@@ -260,20 +287,22 @@ class ConversionSummary:
     """What `convert` did: layers swapped per kind, and each layer left alone with the reason."""
 
     swapped: "OrderedDict[str, int]" = field(
-        default_factory=lambda: OrderedDict((k, 0) for k in ("Conv2d", "AvgPool2d", "BatchNorm2d", "SyncBatchNorm"))
+        default_factory=lambda: OrderedDict((k, 0) for k in ("Conv2d", "ConvTranspose2d", "AvgPool2d", "BatchNorm2d",
+                                                              "SyncBatchNorm"))
     )
     left: list = field(default_factory=list)  # (qualified name, kind, reason)
 
     def __str__(self):
-        # SyncBatchNorm only where a model has one: most do not
-        counts = ", ".join(f"{n} {kind}" for kind, n in self.swapped.items() if n or kind != "SyncBatchNorm")
+        # ConvTranspose2d and SyncBatchNorm only where a model has one: most do not
+        counts = ", ".join(f"{n} {kind}" for kind, n in self.swapped.items()
+                           if n or kind not in ("ConvTranspose2d", "SyncBatchNorm"))
         lines = [f"nnkernels.convert: swapped {counts}; left {len(self.left)}"]
         lines += [f"  left {name} ({kind}): {reason}" for name, kind, reason in self.left]
         return "\n".join(lines)
 
 
-_REPLACEMENTS = {torch.nn.Conv2d: Conv2d, torch.nn.AvgPool2d: AvgPool2d, torch.nn.BatchNorm2d: BatchNorm2d,
-                 torch.nn.SyncBatchNorm: SyncBatchNorm}
+_REPLACEMENTS = {torch.nn.Conv2d: Conv2d, torch.nn.ConvTranspose2d: ConvTranspose2d,
+                 torch.nn.AvgPool2d: AvgPool2d, torch.nn.BatchNorm2d: BatchNorm2d, torch.nn.SyncBatchNorm: SyncBatchNorm}
 
 
 def _unsupported(module) -> str | None:
@@ -281,9 +310,10 @@ def _unsupported(module) -> str | None:
     if type(module) not in _REPLACEMENTS:
         cls = type(module)
         return f"{cls.__module__}.{cls.__qualname__} subclasses a torch layer and may change its forward"
-    if isinstance(module, torch.nn.Conv2d):
+    options = {torch.nn.Conv2d: _conv2d_options, torch.nn.ConvTranspose2d: _transpose_options}.get(type(module))
+    if options is not None:
         try:
-            _conv2d_options(module)
+            options(module)
         except NotImplementedError as err:
             return str(err)
     for name, tensor in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
@@ -307,8 +337,8 @@ def _swap(module):
 
 
 def convert(model: torch.nn.Module, verbose: bool = False) -> torch.nn.Module:
-    """Replace, in place, every `torch.nn.Conv2d`, `AvgPool2d`, `BatchNorm2d` and `SyncBatchNorm` of `model` that
-    nnkernels supports with the nnkernels layer holding the same Parameters and buffers.
+    """Replace, in place, every `torch.nn.Conv2d`, `ConvTranspose2d`, `AvgPool2d`, `BatchNorm2d` and `SyncBatchNorm`
+    of `model` that nnkernels supports with the nnkernels layer holding the same Parameters and buffers.
 
     Returns `model` (or, when `model` is itself such a layer, its replacement) with the
     `ConversionSummary` attached as `.nnkernels_summary`; `verbose` also prints it.

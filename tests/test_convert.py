@@ -30,6 +30,8 @@ def make_model():
         shared_bn,
         MyConv(4, 4, 1),
         torch.nn.Conv2d(4, 4, 1).double(),
+        torch.nn.ConvTranspose2d(4, 2, 2, stride=2),
+        torch.nn.ConvTranspose2d(2, 2, 3, output_padding=1, dilation=2),  # output_padding >= stride
     )
 
 
@@ -47,6 +49,7 @@ def test_convert_swaps_supported_layers_in_place_sharing_parameters_and_buffers(
     assert type(model[3][0]) is nnk.AvgPool2d and type(model[3][1]) is torch.nn.MaxPool2d
     assert model[1] is model[5], "a layer shared by two parents stays one layer"
     assert type(model[4]) is torch.nn.Conv2d and type(model[6]) is MyConv and type(model[7]) is torch.nn.Conv2d
+    assert type(model[8]) is nnk.ConvTranspose2d and type(model[9]) is torch.nn.ConvTranspose2d
     assert model[0] is not originals["0"] and model[4] is originals["4"]
     for name, p in model.named_parameters():
         assert p is params[name], name
@@ -55,12 +58,14 @@ def test_convert_swaps_supported_layers_in_place_sharing_parameters_and_buffers(
     assert list(model.state_dict()) == keys
 
     summary = model.nnkernels_summary
-    assert dict(summary.swapped) == {"Conv2d": 1, "AvgPool2d": 1, "BatchNorm2d": 1, "SyncBatchNorm": 0}
+    assert dict(summary.swapped) == {"Conv2d": 1, "ConvTranspose2d": 1, "AvgPool2d": 1, "BatchNorm2d": 1,
+                                     "SyncBatchNorm": 0}
     left = {name: reason for name, _, reason in summary.left}
-    assert set(left) == {"4", "6", "7"}
+    assert set(left) == {"4", "6", "7", "9"}
+    assert "output_padding=(1, 1)" in left["9"]
     assert "padding='same'" in left["4"] and "asymmetric" in left["4"]
     assert "MyConv" in left["6"] and "torch.float64" in left["7"]
-    assert "swapped 1 Conv2d, 1 AvgPool2d, 1 BatchNorm2d; left 3" in str(summary)
+    assert "swapped 1 Conv2d, 1 ConvTranspose2d, 1 AvgPool2d, 1 BatchNorm2d; left 4" in str(summary)
 
     model[0].to(DEVICE)(torch.randn(1, 2, 4, 4, device=DEVICE))
     assert hook_calls == [1], "hooks registered before convert still fire"
@@ -83,9 +88,8 @@ def test_convert_of_a_bare_layer_returns_its_replacement_and_is_idempotent():
     converted = convert(conv)
     assert type(converted) is nnk.Conv2d and converted.weight is conv.weight
     again = convert(converted)
-    assert again is converted and dict(again.nnkernels_summary.swapped) == {"Conv2d": 0, "AvgPool2d": 0,
-                                                                             "BatchNorm2d": 0,
-                                                                             "SyncBatchNorm": 0}
+    assert again is converted and dict(again.nnkernels_summary.swapped) == {
+        "Conv2d": 0, "ConvTranspose2d": 0, "AvgPool2d": 0, "BatchNorm2d": 0, "SyncBatchNorm": 0}
 
 
 def test_convert_rejects_what_is_not_a_module():

@@ -68,9 +68,9 @@ def _string_padding(x, weight, padding, dilation, stride):
     return x, tuple(t // 2 for t in totals)
 
 
-def _check(x, weight, bias, stride, padding, dilation, groups):
-    """Raise ValueError/TypeError naming the first bad argument. A value of the wrong type (float64 included) is a
-    TypeError, arguments that disagree (dtypes, devices, channels) a ValueError."""
+def check_tensors(x, weight, bias, weight_layout):
+    """The checks a convolution and a transposed one share: tensors where tensors are due, 3-D or 4-D input, a
+    4-D weight (`weight_layout` says its dimensions), and one float dtype and device for all."""
     for name, tensor in (("input", x), ("weight", weight)):
         if not isinstance(tensor, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
@@ -79,7 +79,7 @@ def _check(x, weight, bias, stride, padding, dilation, groups):
     if x.dim() not in (3, 4):
         raise ArgumentError(f"input: expected a 3-D (unbatched) or 4-D (batched) tensor, got shape {tuple(x.shape)}")
     if weight.dim() != 4:
-        raise ArgumentError(f"weight: expected a 4-D tensor [C_OUT, C_IN/groups, KH, KW], got shape {tuple(weight.shape)}")
+        raise ArgumentError(f"weight: expected a 4-D tensor {weight_layout}, got shape {tuple(weight.shape)}")
     tensors = [("input", x), ("weight", weight)] + ([("bias", bias)] if bias is not None else [])
     for name, tensor in tensors:
         if tensor.dtype not in FLOAT_DTYPES:
@@ -88,6 +88,12 @@ def _check(x, weight, bias, stride, padding, dilation, groups):
             raise ArgumentError(f"{name}: expected dtype {x.dtype} like input, got {tensor.dtype}")
         if tensor.device != x.device:
             raise ArgumentError(f"{name}: expected a tensor on {x.device} like input, got {tensor.device}")
+
+
+def _check(x, weight, bias, stride, padding, dilation, groups):
+    """Raise ValueError/TypeError naming the first bad argument. A value of the wrong type (float64 included) is a
+    TypeError, arguments that disagree (dtypes, devices, channels) a ValueError."""
+    check_tensors(x, weight, bias, "[C_OUT, C_IN/groups, KH, KW]")
     if type(groups) is not int or groups < 1:
         raise ArgumentError(f"groups: expected a positive int, got {groups!r}")
     batch, c_in, height, width = x.shape if x.dim() == 4 else (1, *x.shape)
@@ -208,9 +214,14 @@ class Conv2dPlan:
             x = x.unsqueeze(0)
         if not self.runs_kernels:
             return x, weight, bias
-        ready_x = _ready_channels_last(x) if self.channels_last else _ready(x)
-        ready_weight = aligned(weight) if self.weight_nhwc else _ready(weight)
-        return ready_x, ready_weight, None if bias is None else _ready(bias)
+        return self.ready_input(x), self.ready_weight(weight), None if bias is None else _ready(bias)
+
+    def ready_input(self, t):
+        """x (or dy) as this plan's kernels read it: channels-last or contiguous, aligned."""
+        return _ready_channels_last(t) if self.channels_last else _ready(t)
+
+    def ready_weight(self, weight):
+        return aligned(weight) if self.weight_nhwc else _ready(weight)
 
     def forward(self, x, weight, bias):
         if not self.runs_kernels:
@@ -236,20 +247,22 @@ class Conv2dPlan:
         return self.forward(x, weight, bias)
 
     def backward(self, dy, x, weight, needs):
-        """(dx, dw, dbias) for `needs` = which of (dx, dw, dbias) are asked for; None where not asked."""
+        """(dx, dw, dbias) for `needs` = which of (dx, dw, dbias) are asked for; None where not asked. x may be None
+        where only dx is (a transposed convolution's forward)."""
         if not self.runs_kernels:
-            return (_empty(x.shape, x, self.channels_last) if needs[0] else None,
+            return (_empty(self.x_shape, dy, self.channels_last) if needs[0] else None,
                     torch.zeros_like(weight) if needs[1] else None,
                     weight.new_zeros(weight.shape[0]) if needs[2] else None)
         switch = elsewhere(self.device)
         if switch is not None:
             with switch:
                 return self.backward(dy, x, weight, needs)
-        dy = _ready_channels_last(dy) if self.channels_last else _ready(dy)
+        dy = self.ready_input(dy)
         if self.weight_nhwc and needs[0]:
             weight = _ready(weight)
         if len(self.chunks) > 1:
-            parts = [self.parts[end - first].backward(dy[first:end], x[first:end], weight, needs)
+            parts = [self.parts[end - first].backward(dy[first:end], None if x is None else x[first:end], weight,
+                                                      needs)
                      for first, end in self.chunks]
             dx = torch.cat([part[0] for part in parts]) if needs[0] else None
             # The chunks' weight gradients add up in a fixed order, in fp32: still deterministic.
@@ -492,28 +505,29 @@ def _conv2d_op_backward(ctx, grad_y):
 register_autograd("conv2d", _conv2d_op_backward, _setup_context)
 
 
-def _register_autocast(device_type):
-    """Under autocast, the custom op casts floating inputs to the *active* autocast dtype (as torch's conv does),
-    then runs with autocast off. `torch.library.register_autocast` fixes one dtype at registration, so the rule
-    is registered by hand on the Autocast<device> key, the way torch registers its own."""
-    key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
-    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key_name))
+def register_conv_autocast(name: str, op):
+    """Under autocast, custom op `nnkernels::<name>` (`op`, taking x, weight, bias, then options) casts its floating
+    tensors to the *active* autocast dtype (as torch's convolutions do), then runs with autocast off.
+    `torch.library.register_autocast` fixes one dtype at registration, so the rule is registered by hand on each
+    Autocast<device> key, the way torch registers its own."""
+    for device_type in _AUTOCAST_DEVICES:
+        key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+        excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key_name))
 
-    def autocast_conv2d(keyset, x, weight, bias, stride, padding, dilation, groups):
-        dtype = torch.get_autocast_dtype(device_type)
+        def autocast_op(keyset, x, weight, bias, *options, device_type=device_type, excluded=excluded):
+            dtype = torch.get_autocast_dtype(device_type)
 
-        def cast(tensor):
-            eligible = tensor is not None and tensor.is_floating_point() and tensor.dtype != torch.float64
-            return tensor.to(dtype) if eligible else tensor
+            def cast(tensor):
+                eligible = tensor is not None and tensor.is_floating_point() and tensor.dtype != torch.float64
+                return tensor.to(dtype) if eligible else tensor
 
-        with torch._C._ExcludeDispatchKeyGuard(excluded):
-            return conv2d_op(cast(x), cast(weight), cast(bias), stride, padding, dilation, groups)
+            with torch._C._ExcludeDispatchKeyGuard(excluded):
+                return op(cast(x), cast(weight), cast(bias), *options)
 
-    OPS.impl("conv2d", autocast_conv2d, key_name, with_keyset=True)
+        OPS.impl(name, autocast_op, key_name, with_keyset=True)
 
 
-for _device_type in _AUTOCAST_DEVICES:
-    _register_autocast(_device_type)
+register_conv_autocast("conv2d", conv2d_op)
 
 
 # ---- what a call launches ----
