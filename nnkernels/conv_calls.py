@@ -1,7 +1,8 @@
 """The convolution calls a model makes: `conv_shapes(model, inputs)` runs one forward pass on the meta device
-(no GPU memory, no weights) with hooks on every `torch.nn.Conv2d` (nnkernels' included) and counts each call's
-`ConvShape`: input and weight shapes and the layer's options, with string padding and non-zero padding modes
-resolved to what the convolution itself sees. `nnkernels bench model-convs` times them; `warmup(jobs=N)` compiles
+(no GPU memory, no weights) with hooks on every `torch.nn.Conv2d` and `ConvTranspose2d` (nnkernels' included) and
+counts each call's `ConvShape`: input and weight shapes and the layer's options, with string padding and non-zero
+padding modes resolved to what the convolution itself sees; a transposed convolution counts as the convolution
+whose input gradient it is (from its output to its input, no bias), which is what it runs. `nnkernels bench model-convs` times them; `warmup(jobs=N)` compiles
 their kernels in parallel first."""
 from __future__ import annotations
 
@@ -77,11 +78,18 @@ def conv_shapes(model: torch.nn.Module, inputs, training: bool = False) -> colle
         found[ConvShape(x_shape, tuple(module.weight.shape), tuple(module.stride), padding, tuple(module.dilation),
                         module.groups, module.bias is not None, channels_last_output(args[0], module.weight))] += 1
 
+    def record_transposed(module, args, output):
+        found[ConvShape(tuple(output.shape), tuple(module.weight.shape), tuple(module.stride), tuple(module.padding),
+                        tuple(module.dilation), module.groups, False,
+                        channels_last_output(args[0], module.weight))] += 1
+
     if isinstance(inputs, (tuple, list, torch.Size)) and all(isinstance(size, int) for size in inputs):
         arguments = (torch.empty(tuple(inputs), device="meta"),)
     else:
         arguments = tuple(_on_meta(arg) for arg in (inputs if isinstance(inputs, tuple) else (inputs,)))
     hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    hooks += [m.register_forward_hook(record_transposed) for m in model.modules()
+              if isinstance(m, torch.nn.ConvTranspose2d)]
     try:
         model.to("meta").train(training)
         with torch.no_grad():

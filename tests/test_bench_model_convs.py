@@ -50,6 +50,15 @@ def test_conv_shapes_finds_every_call_with_its_options():
         assert shape.y_shape[2:] == (8, 8)
 
 
+def test_a_transposed_convolution_counts_as_the_convolution_it_runs():
+    """From its output to its input, without bias: the convolution whose input gradient it is, which warmup then
+    compiles (forward, dx and dw: what the transposed layer's forward and backward run)."""
+    up = torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1)
+    found = conv_shapes(up, (2, 8, 8, 8))
+    shape = ConvShape((2, 4, 16, 16), (8, 4, 3, 3), (2, 2), (1, 1), (1, 1), 1, False)
+    assert found == collections.Counter({shape: 1}) and shape.y_shape == (2, 8, 8, 8)
+
+
 def test_shape_names_and_flops():
     grouped = ConvShape((2, 8, 8, 8), (8, 2, 3, 3), (1, 1), (2, 2), (2, 2), 4, False)
     assert grouped.name == "3x3 8->8 8x8 p2 d2 g4"
