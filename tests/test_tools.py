@@ -95,14 +95,24 @@ def test_compare_bench_lists_the_rows_that_moved(tmp_path):
     assert report[6:] == ["only before: c bf16 forward", "only after: d bf16 forward"]
 
 
-def test_ptx_digests_ignore_source_locations_and_compare_runs(tmp_path):
-    tool = _tool("ptx_digests")
-    ptx = ".visible .entry k()\n{\n\t.loc 1 20 3\n\tld.global.b32 %r1, [%rd1];\n}\n\t.section\t.debug_info\n{ 7 }\n"
-    moved = ptx.replace(".loc 1 20 3", ".loc 1 31 3").replace("{ 7 }", "{ 9 }")
-    assert tool.ptx_digest(ptx) == tool.ptx_digest(moved)
-    assert tool.ptx_digest(ptx) != tool.ptx_digest(ptx.replace("b32", "b64"))
-    built = tool.shipped_kernels({"Conv2dGroupedWeight"})  # the shipped grouped choices' weight expansions
-    assert built and all(kid.startswith("conv2d_grouped_weight__") for kid in built)
+def test_ttir_digests_see_the_program_not_its_names_and_compare_runs(tmp_path):
+    """Source locations, the names Triton gives values (after Python variables) and the order constants are
+    hoisted in are not the program; an operation is."""
+    tool = _tool("ttir_digests")
+    ttir = ('#loc = loc("a.py":3:1)\n'
+            'tt.func @k(%x: !tt.ptr<f32> loc("x"(#loc))) {\n'
+            '  %c8_i32 = arith.constant 8 : i32 loc(#loc1)\n'
+            '  %c1_i32 = arith.constant 1 : i32 loc(#loc1)\n'
+            '  %sum = arith.addi %c8_i32, %c1_i32 : i32 loc(#loc2)\n'
+            '  %b = arith.muli %sum, %sum : i32 loc(callsite(#loc3 at #loc4))\n}')
+    renamed = (ttir.replace("%sum", "%total").replace("%b ", "%b_3 ").replace('"a.py":3:1', '"b.py":9:1')
+               .replace("  %c8_i32 = arith.constant 8 : i32 loc(#loc1)\n  %c1_i32 = arith.constant 1 : i32 loc(#loc1)",
+                        "  %c1_i32 = arith.constant 1 : i32 loc(#loc5)\n  %c8_i32 = arith.constant 8 : i32 loc(#loc1)"))
+    assert tool.ttir_digest(ttir) == tool.ttir_digest(renamed)
+    assert tool.ttir_digest(ttir) != tool.ttir_digest(ttir.replace("arith.muli", "arith.addi"))
+    assert tool.ttir_digest(ttir) != tool.ttir_digest(ttir.replace("constant 8", "constant 9"))
+    built = tool.shipped_kernels({"Conv2dGroupedWeight", "BatchNorm2dPartialStats"})
+    assert {kid.split("__")[0] for kid in built} == {"conv2d_grouped_weight", "batch_norm2d_partial_stats"}
     before, after = tmp_path / "before.json", tmp_path / "after.json"
     before.write_text(json.dumps({"a": "1", "b": "2", "c": "3"}))
     after.write_text(json.dumps({"a": "1", "b": "5", "d": "4"}))

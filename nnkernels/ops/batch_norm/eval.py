@@ -14,7 +14,10 @@ import triton.language as tl
 
 from ...kernel import kernel_object
 from .train import (
+    CHUNK_WALK,
     FUSED_HELPERS,
+    channel_tile,
+    chunk_tiles,
     channel_group_tile,
     channel_sums,
     check_activations,
@@ -64,14 +67,9 @@ def batch_norm2d_eval_forward(
     channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.load(running_var + c) + eps))
     scale = tl.load(weight + c) * channel_rstd
     shift = tl.load(bias + c) - tl.load(running_mean + c) * scale
-    num_hw_tiles = tl.cdiv(HW, BLOCK_HW)
-    first = chunk * TILES_PER_CHUNK
-    last = tl.minimum(first + TILES_PER_CHUNK, tl.cdiv(B, BLOCK_B) * num_hw_tiles)
+    first, last, hw_tiles = chunk_tiles(chunk, B, HW, TILES_PER_CHUNK, BLOCK_B, BLOCK_HW)
     for t in range(first, last):
-        b = (t // num_hw_tiles) * BLOCK_B + tl.arange(0, BLOCK_B)
-        hw = (t % num_hw_tiles) * BLOCK_HW + tl.arange(0, BLOCK_HW)
-        inside = (b < B)[:, None] & (hw < HW)[None, :]
-        offsets = ((b.to(tl.int64) * C + c) * HW)[:, None] + hw[None, :]
+        offsets, inside = channel_tile(t, hw_tiles, c, B, C, HW, BLOCK_B, BLOCK_HW)
         xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
         tl.store(y + offsets, (xv * scale + shift).to(y.dtype.element_ty), mask=inside)
 
@@ -93,16 +91,11 @@ def batch_norm2d_eval_backward(
     channel_mean = tl.load(running_mean + c)
     channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.load(running_var + c) + eps))
     dy_scale = tl.load(weight + c) * channel_rstd
-    num_hw_tiles = tl.cdiv(HW, BLOCK_HW)
-    first = chunk * TILES_PER_CHUNK
-    last = tl.minimum(first + TILES_PER_CHUNK, tl.cdiv(B, BLOCK_B) * num_hw_tiles)
+    first, last, hw_tiles = chunk_tiles(chunk, B, HW, TILES_PER_CHUNK, BLOCK_B, BLOCK_HW)
     sum_dy = tl.zeros([BLOCK_B, BLOCK_HW], dtype=tl.float32)
     sum_dy_xmu = tl.zeros([BLOCK_B, BLOCK_HW], dtype=tl.float32)
     for t in range(first, last):
-        b = (t // num_hw_tiles) * BLOCK_B + tl.arange(0, BLOCK_B)
-        hw = (t % num_hw_tiles) * BLOCK_HW + tl.arange(0, BLOCK_HW)
-        inside = (b < B)[:, None] & (hw < HW)[None, :]
-        offsets = ((b.to(tl.int64) * C + c) * HW)[:, None] + hw[None, :]
+        offsets, inside = channel_tile(t, hw_tiles, c, B, C, HW, BLOCK_B, BLOCK_HW)
         dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
         xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
         tl.store(dx + offsets, (dyv * dy_scale).to(dx.dtype.element_ty), mask=inside)
@@ -186,9 +179,11 @@ _STATS = {n: F32 for n in ("weight", "bias", "running_mean", "running_var", "par
                            "dweight", "dbias")}
 
 BatchNorm2dEvalForward = kernel_object(
-    batch_norm2d_eval_forward, entry=eval_entry, example=(8, 256), floats=("eps",), pointer_dtypes=_STATS)
+    batch_norm2d_eval_forward, entry=eval_entry, example=(8, 256), floats=("eps",), pointer_dtypes=_STATS,
+    helpers=CHUNK_WALK)
 BatchNorm2dEvalBackward = kernel_object(
-    batch_norm2d_eval_backward, entry=eval_entry, example=(8, 256), floats=("eps",), pointer_dtypes=_STATS)
+    batch_norm2d_eval_backward, entry=eval_entry, example=(8, 256), floats=("eps",), pointer_dtypes=_STATS,
+    helpers=CHUNK_WALK)
 BatchNorm2dSumPartials = kernel_object(
     batch_norm2d_sum_partials, entry=sum_partials_entry, example=(16, 64), pointer_dtypes=_STATS)
 BatchNorm2dEvalForwardGrouped = kernel_object(

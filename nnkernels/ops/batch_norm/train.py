@@ -121,6 +121,32 @@ def fused_entry(k, a):
 
 
 @triton.jit
+def chunk_tiles(chunk, B, HW, TILES_PER_CHUNK, BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """(first, last, hw_tiles): the tiles t in [first, last) of program chunk `chunk` of a split kernel (module
+    docstring), of a channel's cdiv(B, BLOCK_B) * hw_tiles tiles, hw_tiles = cdiv(HW, BLOCK_HW) to a row of
+    images."""
+    hw_tiles = tl.cdiv(HW, BLOCK_HW)
+    first = chunk * TILES_PER_CHUNK
+    last = tl.minimum(first + TILES_PER_CHUNK, tl.cdiv(B, BLOCK_B) * hw_tiles)
+    return first, last, hw_tiles
+
+
+@triton.jit
+def channel_tile(t, hw_tiles, c, B, C, HW, BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """(offsets, inside) of tile t of channel c of NCHW x: the [BLOCK_B, BLOCK_HW] offsets of its images and
+    positions, and where they exist."""
+    b = (t // hw_tiles) * BLOCK_B + tl.arange(0, BLOCK_B)
+    hw = (t % hw_tiles) * BLOCK_HW + tl.arange(0, BLOCK_HW)
+    inside = (b < B)[:, None] & (hw < HW)[None, :]
+    offsets = ((b.to(tl.int64) * C + c) * HW)[:, None] + hw[None, :]
+    return offsets, inside
+
+
+# The helpers of the split kernels' walk over a chunk's tiles (for their sources and content hash).
+CHUNK_WALK = (chunk_tiles, channel_tile)
+
+
+@triton.jit
 def batch_norm2d_partial_stats(
     x, partials, B, C, HW, TILES_PER_CHUNK, ROW_STRIDE,
     BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr,
@@ -141,15 +167,13 @@ def batch_norm2d_partial_stats(
     c = tl.program_id(0)
     chunk = tl.program_id(1)
     shift = tl.load(x + c.to(tl.int64) * HW).to(tl.float32)
-    num_hw_tiles = tl.cdiv(HW, BLOCK_HW)
-    first = chunk * TILES_PER_CHUNK
-    last = tl.minimum(first + TILES_PER_CHUNK, tl.cdiv(B, BLOCK_B) * num_hw_tiles)
+    first, last, hw_tiles = chunk_tiles(chunk, B, HW, TILES_PER_CHUNK, BLOCK_B, BLOCK_HW)
     count = 0.0
     mean = 0.0
     m2 = 0.0
     for t in range(first, last):
-        b0 = (t // num_hw_tiles) * BLOCK_B
-        hw0 = (t % num_hw_tiles) * BLOCK_HW
+        b0 = (t // hw_tiles) * BLOCK_B  # the tile's first image and position: its count of values
+        hw0 = (t % hw_tiles) * BLOCK_HW
         b = b0 + tl.arange(0, BLOCK_B)
         hw = hw0 + tl.arange(0, BLOCK_HW)
         inside = (b < B)[:, None] & (hw < HW)[None, :]
@@ -225,15 +249,10 @@ def batch_norm2d_train_normalize(
             tl.store(running_var + c, (1.0 - momentum) * tl.load(running_var + c) + momentum * channel_var_unbiased)
     scale = tl.load(weight + c) * channel_rstd
     shift = tl.load(bias + c)
-    num_hw_tiles = tl.cdiv(HW, BLOCK_HW)
-    first = chunk * TILES_PER_CHUNK
-    last = tl.minimum(first + TILES_PER_CHUNK, tl.cdiv(B, BLOCK_B) * num_hw_tiles)
+    first, last, hw_tiles = chunk_tiles(chunk, B, HW, TILES_PER_CHUNK, BLOCK_B, BLOCK_HW)
     for i in range(first, last):
         t = first + last - 1 - i
-        b = (t // num_hw_tiles) * BLOCK_B + tl.arange(0, BLOCK_B)
-        hw = (t % num_hw_tiles) * BLOCK_HW + tl.arange(0, BLOCK_HW)
-        inside = (b < B)[:, None] & (hw < HW)[None, :]
-        offsets = ((b.to(tl.int64) * C + c) * HW)[:, None] + hw[None, :]
+        offsets, inside = channel_tile(t, hw_tiles, c, B, C, HW, BLOCK_B, BLOCK_HW)
         xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
         tl.store(y + offsets, ((xv - channel_mean) * scale + shift).to(y.dtype.element_ty), mask=inside)
 
@@ -329,16 +348,11 @@ def batch_norm2d_partial_grad_sums(
     c = tl.program_id(0)
     chunk = tl.program_id(1)
     channel_mean = tl.load(mean + c)
-    num_hw_tiles = tl.cdiv(HW, BLOCK_HW)
-    first = chunk * TILES_PER_CHUNK
-    last = tl.minimum(first + TILES_PER_CHUNK, tl.cdiv(B, BLOCK_B) * num_hw_tiles)
+    first, last, hw_tiles = chunk_tiles(chunk, B, HW, TILES_PER_CHUNK, BLOCK_B, BLOCK_HW)
     sum_dy = tl.zeros([BLOCK_B, BLOCK_HW], dtype=tl.float32)
     sum_dy_xmu = tl.zeros([BLOCK_B, BLOCK_HW], dtype=tl.float32)
     for t in range(first, last):
-        b = (t // num_hw_tiles) * BLOCK_B + tl.arange(0, BLOCK_B)
-        hw = (t % num_hw_tiles) * BLOCK_HW + tl.arange(0, BLOCK_HW)
-        inside = (b < B)[:, None] & (hw < HW)[None, :]
-        offsets = ((b.to(tl.int64) * C + c) * HW)[:, None] + hw[None, :]
+        offsets, inside = channel_tile(t, hw_tiles, c, B, C, HW, BLOCK_B, BLOCK_HW)
         dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
         xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
         sum_dy += dyv
@@ -380,15 +394,10 @@ def batch_norm2d_train_backward_dx(
     dy_scale = tl.load(weight + c) * channel_rstd
     dy_shift = dy_scale * sum_dy / count
     xmu_scale = dy_scale * channel_rstd * channel_rstd * sum_dy_xmu / count
-    num_hw_tiles = tl.cdiv(HW, BLOCK_HW)
-    first = chunk * TILES_PER_CHUNK
-    last = tl.minimum(first + TILES_PER_CHUNK, tl.cdiv(B, BLOCK_B) * num_hw_tiles)
+    first, last, hw_tiles = chunk_tiles(chunk, B, HW, TILES_PER_CHUNK, BLOCK_B, BLOCK_HW)
     for i in range(first, last):
         t = first + last - 1 - i
-        b = (t // num_hw_tiles) * BLOCK_B + tl.arange(0, BLOCK_B)
-        hw = (t % num_hw_tiles) * BLOCK_HW + tl.arange(0, BLOCK_HW)
-        inside = (b < B)[:, None] & (hw < HW)[None, :]
-        offsets = ((b.to(tl.int64) * C + c) * HW)[:, None] + hw[None, :]
+        offsets, inside = channel_tile(t, hw_tiles, c, B, C, HW, BLOCK_B, BLOCK_HW)
         dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
         xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
         dxv = dyv * dy_scale - dy_shift - (xv - channel_mean) * xmu_scale
@@ -435,10 +444,10 @@ _STATS = {n: F32 for n in ("weight", "bias", "mean", "rstd", "var_unbiased", "dw
                            "running_var", "new_running_mean", "new_running_var", "partials")}
 
 BatchNorm2dPartialStats = kernel_object(
-    batch_norm2d_partial_stats, entry=partials_entry(3), example=(8, 256), pointer_dtypes=_STATS)
+    batch_norm2d_partial_stats, entry=partials_entry(3), example=(8, 256), pointer_dtypes=_STATS, helpers=CHUNK_WALK)
 BatchNorm2dTrainNormalize = kernel_object(
     batch_norm2d_train_normalize, entry=second_pass_entry(3), example=(8, 256, 64, True), floats=("eps", "momentum"),
-    pointer_dtypes=_STATS, helpers=(reversed_chunk,), flags=("UPDATE_RUNNING",))
+    pointer_dtypes=_STATS, helpers=(reversed_chunk, *CHUNK_WALK), flags=("UPDATE_RUNNING",))
 # Fused kernels: by default 8 warps hold a FUSED_TILE-element tile at 32 elements per thread; the functional
 # op launches them with the channels per program and num_warps that tuning picks.
 FUSED_HELPERS = (channel_group_tile, channel_sums, per_column)
@@ -446,10 +455,11 @@ BatchNorm2dTrainForwardFused = kernel_object(
     batch_norm2d_train_forward_fused, entry=fused_entry, example=(4, 32, 256, 4, True), floats=("eps", "momentum"),
     pointer_dtypes=_STATS, num_warps=8, helpers=FUSED_HELPERS, flags=("UPDATE_RUNNING",))
 BatchNorm2dPartialGradSums = kernel_object(
-    batch_norm2d_partial_grad_sums, entry=partials_entry(2), example=(8, 256), pointer_dtypes=_STATS)
+    batch_norm2d_partial_grad_sums, entry=partials_entry(2), example=(8, 256), pointer_dtypes=_STATS,
+    helpers=CHUNK_WALK)
 BatchNorm2dTrainBackwardDx = kernel_object(
     batch_norm2d_train_backward_dx, entry=second_pass_entry(2), example=(8, 256, 64), pointer_dtypes=_STATS,
-    helpers=(reversed_chunk,))
+    helpers=(reversed_chunk, *CHUNK_WALK))
 BatchNorm2dTrainBackwardFused = kernel_object(
     batch_norm2d_train_backward_fused, entry=fused_entry, example=(4, 32, 256, 4), pointer_dtypes=_STATS,
     num_warps=8, helpers=FUSED_HELPERS)
