@@ -104,9 +104,9 @@ class Conv2d(_Named, torch.nn.Conv2d):
 
     def forward(self, input):
         padding = _conv2d_options(self)
-        if self.padding_mode != "zeros":
-            input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
         try:
+            if self.padding_mode != "zeros":
+                input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
             return conv2d(input, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
         except (TypeError, ValueError, RuntimeError):
             self._check(input)  # the layer's own words for what is wrong, where it can tell
