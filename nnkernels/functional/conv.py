@@ -274,6 +274,10 @@ class Conv2dPlan:
         record("conv2d", "backward", run.ids)
         return run(dy, x, weight)
 
+    def differentiable_grads(self, dy, x, weight, needs):
+        """(dx, dw, dbias) for `needs`, as differentiable nnkernels convolutions (create_graph=True)."""
+        return conv2d_grads(dy, x, weight, *self.args, needs)
+
     def _first_backward(self, dy, x, weight, needs):
         with building("conv2d", "backward", self.x_shape):
             if needs not in self._backward:
@@ -392,11 +396,12 @@ def _new_plan(x, weight, bias, stride, padding, dilation, groups):
                       _is_channels_last(weight))
 
 
-class _Conv2d(torch.autograd.Function):
-    """Eager autograd around a plan. The forward saves the tensors the plan made ready, which its backward reads,
-    and the caller's x and weight (the same tensors where nothing was copied), through which a differentiable
-    backward (create_graph=True) reaches the caller's graph; the backward asks the plan for the gradients autograd
-    needs, or computes them as differentiable convolutions."""
+class _Planned(torch.autograd.Function):
+    """Eager autograd around a convolution's plan (`Conv2dPlan`, or `ConvTranspose2dPlan` for a transposed one).
+    The forward saves the tensors the plan made ready, which its backward reads, and the caller's x and weight
+    (the same tensors where nothing was copied), through which a differentiable backward (create_graph=True)
+    reaches the caller's graph; the backward asks the plan for the gradients autograd needs, or for them as
+    differentiable convolutions (`differentiable_grads`)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, plan):
@@ -413,13 +418,13 @@ class _Conv2d(torch.autograd.Function):
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2] and plan.has_bias)
         dy = dy.unsqueeze(0) if plan.unbatched else dy
         if torch.is_grad_enabled():  # create_graph=True: gradients as differentiable convolutions, not the plan's
-            dx, dw, dbias = conv2d_grads(dy, x.unsqueeze(0) if plan.unbatched else x, weight, *plan.args, needs)
+            dx, dw, dbias = plan.differentiable_grads(dy, x.unsqueeze(0) if plan.unbatched else x, weight, needs)
         else:
             dx, dw, dbias = plan.backward(dy, ready_x, ready_weight, needs)
         return (dx.squeeze(0) if plan.unbatched and dx is not None else dx), dw, dbias, None
 
 
-_conv2d = direct_apply(_Conv2d)
+planned = direct_apply(_Planned)
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -436,7 +441,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     plan = _plan(input, weight, bias, stride, padding, dilation, groups)
     if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
-        return _conv2d(input, weight, bias, plan)
+        return planned(input, weight, bias, plan)
     y = plan.forward(*plan.prepare(input, weight, bias))
     return y.squeeze(0) if plan.unbatched else y
 

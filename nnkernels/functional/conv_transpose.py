@@ -16,10 +16,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .common import (KERNELS, ArgumentError, PlanCache, direct_apply, operator, register_autograd, register_fake,
-                     register_kernels)
+from .common import KERNELS, ArgumentError, PlanCache, operator, register_autograd, register_fake, register_kernels
 from .conv import (INT32_LIMIT, Conv2dPlan, _autocast, _empty, _is_channels_last, _pair, channels_last_output,
-                   check_tensors, conv2d, register_conv_autocast)
+                   check_tensors, conv2d, planned, register_conv_autocast)
 from .double_backward import conv2d_grads
 
 _PLANS = PlanCache()
@@ -71,12 +70,18 @@ def _check(x, weight, bias, stride, padding, output_padding, groups, dilation):
 
 class ConvTranspose2dPlan:
     """What every call with one signature runs, on the convolution's plan `conv` whose dx it is: `forward(x,
-    weight, bias)` and `backward(dy, x, weight, needs)`, on 4-D tensors made ready by `conv.ready_input` and
-    `conv.ready_weight`."""
+    weight, bias)` and `backward(dy, x, weight, needs)`, on the 4-D tensors `prepare` made ready (as
+    `Conv2dPlan`'s, whose autograd Function it shares)."""
 
     def __init__(self, conv: Conv2dPlan, has_bias: bool, unbatched: bool):
         self.conv, self.has_bias, self.unbatched = conv, has_bias, unbatched
         self.args = conv.args  # (stride, padding, dilation, groups) of the convolution: the same numbers
+
+    def prepare(self, x, weight, bias):
+        x = x.unsqueeze(0) if self.unbatched else x
+        if not self.conv.runs_kernels:
+            return x, weight, bias
+        return self.conv.ready_input(x), self.conv.ready_weight(weight), bias
 
     def forward(self, x, weight, bias):
         conv = self.conv
@@ -98,6 +103,15 @@ class ConvTranspose2dPlan:
         dx = conv.forward(dy, weight, None) if need_dx else None
         dw = conv.backward(x, dy, weight, (False, True, False))[1] if need_dw else None
         return dx, dw, dbias
+
+    def differentiable_grads(self, dy, x, weight, needs):
+        """(dx, dw, dbias) for `needs` as differentiable nnkernels convolutions: dx = conv2d(dy, w), dw the
+        convolution's with x as its output gradient, dbias dy's sum."""
+        stride, padding, dilation, groups = self.args
+        need_dx, need_dw, need_dbias = needs
+        dx = conv2d(dy, weight, None, stride, padding, dilation, groups) if need_dx else None
+        dw = conv2d_grads(x, dy, weight, *self.args, (False, True, False))[1] if need_dw else None
+        return dx, dw, dy.sum((0, 2, 3)) if need_dbias else None
 
 
 def _plan(x, weight, bias, stride, padding, output_padding, groups, dilation):
@@ -129,43 +143,6 @@ def _new_plan(x, weight, bias, stride, padding, output_padding, groups, dilation
     return ConvTranspose2dPlan(conv, bias is not None, unbatched)
 
 
-class _ConvTranspose2d(torch.autograd.Function):
-    """Eager autograd around a plan (as `conv._Conv2d`): a differentiable backward (create_graph=True) computes
-    the gradients as differentiable nnkernels convolutions."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, plan):
-        x = x.unsqueeze(0) if plan.unbatched else x
-        ready_x, ready_weight = plan.conv.ready_input(x), plan.conv.ready_weight(weight)
-        ctx.save_for_backward(ready_x, ready_weight, x, weight)
-        ctx.plan = plan
-        y = plan.forward(ready_x, ready_weight, bias)
-        return y.squeeze(0) if plan.unbatched else y
-
-    @staticmethod
-    def backward(ctx, dy):
-        ready_x, ready_weight, x, weight = ctx.saved_tensors
-        plan = ctx.plan
-        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2] and plan.has_bias)
-        dy = dy.unsqueeze(0) if plan.unbatched else dy
-        if torch.is_grad_enabled():  # create_graph=True
-            dx, dw, dbias = _differentiable_grads(dy, x, weight, plan.args, needs)
-        else:
-            dx, dw, dbias = plan.backward(dy, ready_x, ready_weight, needs)
-        return (dx.squeeze(0) if plan.unbatched and dx is not None else dx), dw, dbias, None
-
-
-def _differentiable_grads(dy, x, weight, args, needs):
-    stride, padding, dilation, groups = args
-    need_dx, need_dw, need_dbias = needs
-    dx = conv2d(dy, weight, None, stride, padding, dilation, groups) if need_dx else None
-    dw = conv2d_grads(x, dy, weight, stride, padding, dilation, groups, (False, True, False))[1] if need_dw else None
-    return dx, dw, dy.sum((0, 2, 3)) if need_dbias else None
-
-
-_conv_transpose2d = direct_apply(_ConvTranspose2d)
-
-
 def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     """torch.nn.functional.conv_transpose2d on nnkernels' kernels (fp32, fp16, bf16; 3-D or 4-D input; autograd;
     autocast), the arguments in torch's order."""
@@ -181,9 +158,8 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
     plan = _plan(input, weight, bias, stride, padding, output_padding, groups, dilation)
     if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
-        return _conv_transpose2d(input, weight, bias, plan)
-    x = input.unsqueeze(0) if plan.unbatched else input
-    y = plan.forward(plan.conv.ready_input(x), plan.conv.ready_weight(weight), bias)
+        return planned(input, weight, bias, plan)
+    y = plan.forward(*plan.prepare(input, weight, bias))
     return y.squeeze(0) if plan.unbatched else y
 
 
@@ -194,7 +170,7 @@ def conv_transpose2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], strid
                         output_padding: list[int], groups: int, dilation: list[int]) -> Tensor:
     """The forward custom op: a 4-D conv_transpose2d."""
     plan = _plan(x, weight, bias, tuple(stride), tuple(padding), tuple(output_padding), groups, tuple(dilation))
-    return plan.forward(plan.conv.ready_input(x), plan.conv.ready_weight(weight), bias)
+    return plan.forward(*plan.prepare(x, weight, bias))
 
 
 @register_fake("conv_transpose2d")
@@ -211,8 +187,8 @@ def conv_transpose2d_backward_op(grad_y: Tensor, x: Tensor, weight: Tensor, stri
                                  need_dw: bool, need_dbias: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dw, dbias) of `nnkernels::conv_transpose2d`; a gradient not asked for comes back as an empty tensor."""
     plan = _plan(x, weight, None, tuple(stride), tuple(padding), tuple(output_padding), groups, tuple(dilation))
-    grads = plan.backward(grad_y, plan.conv.ready_input(x), plan.conv.ready_weight(weight),
-                          (need_dx, need_dw, need_dbias))
+    x, weight, _ = plan.prepare(x, weight, None)
+    grads = plan.backward(grad_y, x, weight, (need_dx, need_dw, need_dbias))
     return tuple(x.new_empty(0) if grad is None else grad for grad in grads)
 
 
