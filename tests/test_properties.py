@@ -1,5 +1,6 @@
-"""Property-based tests: hypothesis draws shapes and options, each functional op must match
-PyTorch in float64 (forward, backward and, for batch norm, the running statistics).
+"""Property-based tests: hypothesis draws shapes and options, each functional op (conv2d, conv_transpose2d,
+avg_pool2d, batch_norm) must match PyTorch in float64 (forward, backward and, for batch norm, the running
+statistics).
 
 The drawn space covers 1x1 images, batch 1, channel counts that are multiples of nothing (and,
 for the channels-last convolution path, multiples of 16),
@@ -30,6 +31,7 @@ from support import CONV_TF32_TOLERANCE, DEVICE, TOLERANCE, assert_close
 from nnkernels.functional.pooling import avg_pool2d
 from nnkernels.functional.batchnorm import batch_norm
 from nnkernels.functional.conv import conv2d
+from nnkernels.functional.conv_transpose import conv_transpose2d
 
 COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
               print_blob=True)
@@ -42,7 +44,7 @@ if PROFILE not in ("ci", "gpu"):
     raise ValueError(f"NNKERNELS_HYPOTHESIS_PROFILE: expected 'ci' or 'gpu', got {PROFILE!r}")
 LARGE = PROFILE == "gpu"
 # Per-op example counts relative to the profile's (convolution is the slowest to interpret).
-EXAMPLES = {"conv2d": 1.0, "avg_pool2d": 1.5, "batch_norm": 1.5}
+EXAMPLES = {"conv2d": 1.0, "conv_transpose2d": 1.0, "avg_pool2d": 1.5, "batch_norm": 1.5}
 # Largest drawn sizes: the interpreter pays per launch and per program, the GPU per compilation.
 MAX_BATCH, MAX_CHANNELS, MAX_EXTRA = (4, 40, 24) if LARGE else (3, 5, 4)
 
@@ -139,6 +141,42 @@ def test_conv2d_matches_pytorch(p):
         lambda x, w, b: conv2d(x, w, b, **options),
         lambda x, w, b: F.conv2d(x, w, b, **options),
         dtype, conv_tolerance(dtype), generator, magnitudes=lambda x, w, b: F.conv2d(x, w, b, **options),
+    )
+
+
+@st.composite
+def transpose_problems(draw):
+    # output_padding below the stride (what nnkernels runs); padding cut so that the output has a pixel.
+    groups = draw(st.integers(1, 3))
+    cin_per_group, cout_per_group = (draw(st.integers(1, MAX_CHANNELS)) for _ in range(2))
+    kernel, stride, dilation = ([draw(st.integers(1, top)) for _ in range(2)] for top in (4, 3, 2))
+    output_padding = [draw(st.integers(0, step - 1)) for step in stride]
+    size = [draw(st.integers(1, 2 + MAX_EXTRA)) for _ in range(2)]
+    padding = [min(draw(st.integers(0, 2)), ((n - 1) * step + d * (k - 1) + op) // 2)
+               for n, step, d, k, op in zip(size, stride, dilation, kernel, output_padding)]
+    return dict(
+        batch=draw(st.integers(1, MAX_BATCH)), c_in=cin_per_group * groups, c_out=cout_per_group * groups,
+        size=size, kernel=kernel, stride=stride, padding=padding, output_padding=output_padding,
+        dilation=dilation, groups=groups, bias=draw(st.booleans()), unbatched=draw(st.integers(0, 5)) == 0,
+        dtype=draw(DTYPES), seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@examples("conv_transpose2d")
+@given(transpose_problems())
+def test_conv_transpose2d_matches_pytorch(p):
+    generator = torch.Generator().manual_seed(p["seed"])
+    dtype = p["dtype"]
+    batch = () if p["unbatched"] else (p["batch"],)
+    x = random_tensor(generator, batch + (p["c_in"], *p["size"]), dtype)
+    w = random_tensor(generator, (p["c_in"], p["c_out"] // p["groups"], *p["kernel"]), dtype)
+    b = random_tensor(generator, (p["c_out"],), dtype) if p["bias"] else None
+    options = (p["stride"], p["padding"], p["output_padding"], p["groups"], p["dilation"])
+    check_grads(
+        (x, w, b),
+        lambda x, w, b: conv_transpose2d(x, w, b, *options),
+        lambda x, w, b: F.conv_transpose2d(x, w, b, *options),
+        dtype, conv_tolerance(dtype), generator, magnitudes=lambda x, w, b: F.conv_transpose2d(x, w, b, *options),
     )
 
 
