@@ -7,10 +7,15 @@ children compile in parallel for any process: Triton's compiler keeps global sta
 knobs, its caches, the patched language) and holds the GIL through its Python passes, so
 one compiler per process is what it allows, and processes are what run several at once.
 
-A child (`python -m nnkernels._aot TARGET`) reads pickled kernel specs from stdin one at a
-time and answers each with a pickled `CompiledKernel` (or an error) on stdout.
+A compiled (not interpreted) process that may fork forks its children: they start with torch,
+Triton and the kernels already imported, where a new interpreter spends some 1.6 s of CPU
+importing them again. Otherwise a child (`python -m nnkernels._aot TARGET`) reads pickled
+kernel specs from stdin one at a time and answers each with a pickled `CompiledKernel` (or an
+error) on stdout.
 """
+import concurrent.futures
 import importlib
+import multiprocessing
 import os
 import pickle
 import queue
@@ -35,11 +40,13 @@ def default_jobs(count: int) -> int:
 
 def compile_in_subprocess(kernels, target, jobs=1, on_done=None):
     """Compile each kernel object of `kernels` for `target` in `jobs` child processes, each taking the next
-    kernel as it finishes one; the results in the order of `kernels`. `on_done(kernel)` is called (from a
-    worker thread) as each is built."""
+    kernel as it finishes one; the results in the order of `kernels`. `on_done(kernel)` is called (from this
+    thread or a worker thread) as each is built."""
     kernels = list(kernels)
     if not kernels:
         return []
+    if _can_fork():
+        return _compile_in_forks(kernels, target, jobs, on_done)
     results = [None] * len(kernels)
     pending: queue.SimpleQueue = queue.SimpleQueue()
     for index in range(len(kernels)):
@@ -82,6 +89,62 @@ def compile_in_subprocess(kernels, target, jobs=1, on_done=None):
         thread.join()
     if failures:
         raise RuntimeError(failures[0])
+    return results
+
+
+def _can_fork() -> bool:
+    """Whether children forked from this process can run Triton's compiler: it runs Triton compiled, the
+    platform forks, and CUDA is not initialised (a forked child cannot use the parent's context)."""
+    from ._mode import INTERPRETED
+
+    if INTERPRETED or "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    import torch
+
+    return not torch.cuda.is_initialized()
+
+
+_forked_kernels: list = []  # the kernels a forked child compiles, set before the fork
+
+
+def _build_forked(index: int, target: str):
+    return _forked_kernels[index].build(target)
+
+
+def _hash_triton_once():
+    """Triton keys its cache by a hash of its own sources (some 0.3 s, remembered per process): taken here, before
+    the fork, the children inherit it instead of each taking it again."""
+    for module_name in ("triton.runtime.cache", "triton.compiler.compiler"):  # where Triton 3.9 / older keep it
+        triton_key = getattr(importlib.import_module(module_name), "triton_key", None)
+        if triton_key is not None:
+            triton_key()
+            return
+
+
+def _compile_in_forks(kernels, target, jobs, on_done):
+    """`compile_in_subprocess` in `jobs` forked children, which inherit `kernels`; an error names the kernel."""
+    _forked_kernels[:] = kernels
+    _hash_triton_once()
+    results = [None] * len(kernels)
+    workers = max(1, min(jobs, len(kernels)))
+    try:
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            # Longest first (by source length) so that no long compile is left to run alone at the end.
+            order = sorted(range(len(kernels)), key=lambda i: -len(type(kernels[i])._kernel_source))
+            futures = {pool.submit(_build_forked, index, target): index for index in order}
+            for future in concurrent.futures.as_completed(futures):
+                index = futures[future]
+                try:
+                    results[index] = future.result()
+                except Exception as error:  # the parent reports it, naming the kernel
+                    for other in futures:
+                        other.cancel()
+                    detail = "".join(traceback.format_exception(error))[-4000:]
+                    raise RuntimeError(f"compiling {kernels[index].id} for {target} failed:\n{detail}") from None
+                if on_done is not None:
+                    on_done(kernels[index])
+    finally:
+        _forked_kernels.clear()
     return results
 
 

@@ -153,9 +153,13 @@ def compile_command(target, out, dtypes, jobs, kernels):
     id, hash, entry-point name, signature, constants, target, shared memory, num_warps.
     Kernels compile in parallel child processes, with a progress bar when stderr is a terminal.
     """
+    import os
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # Nothing here runs a kernel: with Triton compiled, the compiler processes fork from this one.
+    os.environ.setdefault("TRITON_INTERPRET", "0")
     import torch
 
     from ._aot import compile_in_subprocess, default_jobs

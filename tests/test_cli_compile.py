@@ -1,4 +1,8 @@
 """`nnkernels compile` in parallel: the same PTX as one compiler process, the targets in --help, progress."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 from nnkernels import Avgpool2dBackward, Avgpool2dForward
@@ -36,3 +40,39 @@ def test_a_failing_kernel_is_one_error_naming_it(monkeypatch):
     monkeypatch.setattr(type(kernel), "__module__", "nnkernels.no_such_module")
     with pytest.raises(RuntimeError, match=rf"(?s)compiling {kernel.id} for sm_90 failed:.*no_such_module"):
         compile_in_subprocess([kernel], "sm_90", jobs=2)
+
+
+def _run_compiled(code: str, tmp_path) -> subprocess.CompletedProcess:
+    """`code` in a new interpreter that runs Triton compiled (as `nnkernels compile` does), with its own cache."""
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_command_forks_its_compilers_and_builds_what_one_compiler_builds(monkeypatch, tmp_path):
+    kernels = [Avgpool2dForward.example(), Avgpool2dBackward.example()]
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "serial"))
+    serial = compile_in_subprocess(kernels, "sm_80", jobs=1)
+    out = tmp_path / "out"
+    code = ("import nnkernels._aot as aot; assert aot._can_fork(); from nnkernels.cli import main; "
+            f"raise SystemExit(main(['compile', '--target', 'sm_80', '--jobs', '2', '--out', {str(out)!r}, "
+            "'Avgpool2dForward', 'Avgpool2dBackward']))")
+    done = _run_compiled(code, tmp_path)
+    assert done.returncode == 0, done.stderr
+    for kernel, built in zip(kernels, serial):
+        assert (out / f"{kernel.id}.ptx").read_text() == built.ptx
+        assert (out / f"{kernel.id}.cubin").read_bytes() == built.cubin
+
+
+def test_a_kernel_failing_in_a_forked_compiler_is_one_error_naming_it(tmp_path):
+    code = ("import nnkernels._aot as aot; from nnkernels import Avgpool2dForward, Avgpool2dBackward\n"
+            "good, bad = Avgpool2dForward.example(), Avgpool2dBackward.example()\n"
+            "def refuse(target): raise ValueError('no PTX for this one')\n"
+            "bad.build = refuse\n"
+            "try:\n"
+            "    aot.compile_in_subprocess([good, bad], 'sm_90', jobs=2)\n"
+            "except RuntimeError as error:\n"
+            "    print(error)\n")
+    done = _run_compiled(code, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"compiling {Avgpool2dBackward.example().id} for sm_90 failed:" in done.stdout
+    assert "no PTX for this one" in done.stdout
