@@ -491,23 +491,30 @@ def _conv2d_backward_fake(grad_y, x, weight, stride, padding, dilation, groups, 
             weight.new_empty(weight.shape[0]) if need_dbias else x.new_empty(0))
 
 
-def _setup_context(ctx, inputs, output):
-    x, weight, bias, stride, padding, dilation, groups = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.conv_args = (stride, padding, dilation, groups)
-    ctx.has_bias = bias is not None
+def register_conv_autograd(name: str):
+    """Autograd of custom op `nnkernels::<name>` (x, weight, bias, then options): its backward is the custom op
+    `nnkernels::<name>_backward(grad_y, x, weight, *options, need_dx, need_dw, need_dbias)`, which gives an empty
+    tensor for a gradient not asked for."""
+
+    def setup_context(ctx, inputs, output):
+        x, weight, bias, *options = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.options = options
+        ctx.has_bias = bias is not None
+
+    def backward(ctx, grad_y):
+        x, weight = ctx.saved_tensors
+        need_dx, need_dw, need_dbias = ctx.needs_input_grad[:3]
+        need_dbias = need_dbias and ctx.has_bias
+        backward_op = getattr(torch.ops.nnkernels, f"{name}_backward")
+        dx, dw, dbias = backward_op(grad_y, x, weight, *ctx.options, need_dx, need_dw, need_dbias)
+        return ((dx if need_dx else None, dw if need_dw else None, dbias if need_dbias else None)
+                + (None,) * len(ctx.options))
+
+    register_autograd(name, backward, setup_context)
 
 
-def _conv2d_op_backward(ctx, grad_y):
-    x, weight = ctx.saved_tensors
-    need_dx, need_dw, need_dbias = ctx.needs_input_grad[:3]
-    need_dbias = need_dbias and ctx.has_bias
-    dx, dw, dbias = torch.ops.nnkernels.conv2d_backward(grad_y, x, weight, *ctx.conv_args, need_dx, need_dw,
-                                                        need_dbias)
-    return (dx if need_dx else None, dw if need_dw else None, dbias if need_dbias else None, None, None, None, None)
-
-
-register_autograd("conv2d", _conv2d_op_backward, _setup_context)
+register_conv_autograd("conv2d")
 
 
 def register_conv_autocast(name: str, op):

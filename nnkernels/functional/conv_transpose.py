@@ -16,9 +16,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .common import KERNELS, ArgumentError, PlanCache, operator, register_autograd, register_fake, register_kernels
+from .common import KERNELS, ArgumentError, PlanCache, operator, register_fake, register_kernels
 from .conv import (INT32_LIMIT, Conv2dPlan, _autocast, _empty, _is_channels_last, _pair, channels_last_output,
-                   check_tensors, conv2d, planned, register_conv_autocast)
+                   check_tensors, conv2d, planned, register_conv_autocast, register_conv_autograd)
 from .double_backward import conv2d_grads
 
 _PLANS = PlanCache()
@@ -200,22 +200,6 @@ def _conv_transpose2d_backward_fake(grad_y, x, weight, stride, padding, output_p
             grad_y.new_empty(grad_y.shape[1]) if need_dbias else x.new_empty(0))
 
 
-def _setup_context(ctx, inputs, output):
-    x, weight, bias, *options = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.options = options
-    ctx.has_bias = bias is not None
-
-
-def _conv_transpose2d_op_backward(ctx, grad_y):
-    x, weight = ctx.saved_tensors
-    need_dx, need_dw, need_dbias = ctx.needs_input_grad[:3]
-    need_dbias = need_dbias and ctx.has_bias
-    dx, dw, dbias = torch.ops.nnkernels.conv_transpose2d_backward(grad_y, x, weight, *ctx.options, need_dx, need_dw,
-                                                                  need_dbias)
-    return (dx if need_dx else None, dw if need_dw else None, dbias if need_dbias else None) + (None,) * 5
-
-
-register_autograd("conv_transpose2d", _conv_transpose2d_op_backward, _setup_context)
+register_conv_autograd("conv_transpose2d")
 register_conv_autocast("conv_transpose2d", conv_transpose2d_op)
 register_kernels("conv_transpose2d", KERNELS["conv2d"])  # the convolution's plans, so its kernels

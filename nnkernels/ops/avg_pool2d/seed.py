@@ -9,6 +9,7 @@ import triton.language as tl
 from ...kernel import kernel_object
 from ..common.checks import check_grid, check_numel, check_output_size
 from ..common.host_math import cdiv
+from ..common.tiles import seed_row_tile
 
 
 def avg_pool2d_entry(k, a):
@@ -36,13 +37,7 @@ def avgpool2d_forward(
         y = (1 / (KH*KW)) * sum over (kh, kw) of x[b, c, oh*STRIDE_H + kh, ow*STRIDE_W + kw].
     Accumulates in fp32; every element of y is written.
     """
-    pid = tl.program_id(0)
-    num_ow_tiles = tl.cdiv(OW, BLOCK_OW)
-    ow_tile = pid % num_ow_tiles
-    oh = (pid // num_ow_tiles) % OH
-    plane = pid // num_ow_tiles // OH
-    ow = ow_tile * BLOCK_OW + tl.arange(0, BLOCK_OW)
-    ow_in_range = ow < OW
+    plane, oh, ow, ow_in_range = seed_row_tile(OH, OW, BLOCK_OW)
     x_plane = x + plane.to(tl.int64) * H * W
     acc = tl.zeros([BLOCK_OW], dtype=tl.float32)
     for kh in tl.static_range(KH):
@@ -58,6 +53,7 @@ Avgpool2dForward = kernel_object(
     example=(2, 2, 2, 2, 64),
     entry=avg_pool2d_entry,
     seed=True,
+    helpers=(seed_row_tile,),
 )
 
 
@@ -73,13 +69,7 @@ def avgpool2d_backward(
         atomic_add(dx[b, c, oh*STRIDE_H + kh, ow*STRIDE_W + kw], dy / (KH*KW)) for every (kh, kw),
     so overlapping windows (stride < kernel) add up. Contract: dx must be zero-initialised before launch.
     """
-    pid = tl.program_id(0)
-    num_ow_tiles = tl.cdiv(OW, BLOCK_OW)
-    ow_tile = pid % num_ow_tiles
-    oh = (pid // num_ow_tiles) % OH
-    plane = pid // num_ow_tiles // OH
-    ow = ow_tile * BLOCK_OW + tl.arange(0, BLOCK_OW)
-    ow_in_range = ow < OW
+    plane, oh, ow, ow_in_range = seed_row_tile(OH, OW, BLOCK_OW)
     dy_row = dy + (plane.to(tl.int64) * OH + oh) * OW
     share = (tl.load(dy_row + ow, mask=ow_in_range, other=0.0).to(tl.float32) / (KH * KW)).to(dx.dtype.element_ty)
     dx_plane = dx + plane.to(tl.int64) * H * W
@@ -93,4 +83,5 @@ Avgpool2dBackward = kernel_object(
     example=(2, 2, 2, 2, 64),
     entry=avg_pool2d_entry,
     seed=True,
+    helpers=(seed_row_tile,),
 )

@@ -1,4 +1,5 @@
-"""Tuples of accumulator tiles, for kernels that unroll over a band's rows or a program's taps."""
+"""Tiles shared by kernels: tuples of accumulator tiles (for kernels that unroll over a band's rows or a program's
+taps) and the seed kernels' row tiles."""
 import triton
 import triton.language as tl
 
@@ -10,3 +11,15 @@ def zero_tiles(COUNT: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
     for _ in tl.static_range(COUNT):
         tiles = tiles + (tl.zeros([ROWS, COLS], dtype=tl.float32),)
     return tiles
+
+
+@triton.jit
+def seed_row_tile(OH, OW, BLOCK_OW: tl.constexpr):
+    """The seed kernels' flat grid over output rows, pid = (plane * OH + oh) * cdiv(OW, BLOCK_OW) + ow_tile:
+    this program's (plane, oh, ow, ow < OW), ow the BLOCK_OW columns of its tile."""
+    pid = tl.program_id(0)
+    num_ow_tiles = tl.cdiv(OW, BLOCK_OW)
+    oh = (pid // num_ow_tiles) % OH
+    plane = pid // num_ow_tiles // OH
+    ow = (pid % num_ow_tiles) * BLOCK_OW + tl.arange(0, BLOCK_OW)
+    return plane, oh, ow, ow < OW

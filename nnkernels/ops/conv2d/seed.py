@@ -10,6 +10,7 @@ import triton.language as tl
 from ...kernel import kernel_object
 from ..common.checks import check_grid, check_numel, check_output_size
 from ..common.host_math import cdiv
+from ..common.tiles import seed_row_tile
 
 
 def conv2d_entry(k, a):
@@ -49,16 +50,11 @@ def conv2d_forward(
             * w[c_out, c_in_local, kh, kw],  c_in = (c_out // (C_OUT/G)) * (C_IN/G) + c_in_local,
     with x read as 0 outside the image. Accumulates in fp32; every element of y is written.
     """
-    pid = tl.program_id(0)
-    num_ow_tiles = tl.cdiv(OW, BLOCK_OW)
-    ow_tile = pid % num_ow_tiles
-    oh = (pid // num_ow_tiles) % OH
-    c_out = (pid // num_ow_tiles // OH) % C_OUT
-    b = pid // num_ow_tiles // OH // C_OUT
+    y_plane, oh, ow, ow_in_range = seed_row_tile(OH, OW, BLOCK_OW)
+    c_out = y_plane % C_OUT
+    b = y_plane // C_OUT
     cin_per_group = C_IN // G
     c_in_first = (c_out // (C_OUT // G)) * cin_per_group
-    ow = ow_tile * BLOCK_OW + tl.arange(0, BLOCK_OW)
-    ow_in_range = ow < OW
     acc = tl.zeros([BLOCK_OW], dtype=tl.float32)
     for c_in_local in range(0, cin_per_group):
         x_plane = x + (b.to(tl.int64) * C_IN + c_in_first + c_in_local) * H * W
@@ -83,6 +79,7 @@ Conv2dForward = kernel_object(
     entry=conv2d_entry,
     nonnegative=("PAD_H", "PAD_W"),
     seed=True,
+    helpers=(seed_row_tile,),
 )
 
 
@@ -101,16 +98,11 @@ def conv2d_backward(
         dw: atomic_add(dw[c_out, c_in_local, kh, kw], sum over ow of dy * x[b, c_in, ih, iw])
     Contract: dx and dw must be zero-initialised before launch. Products in fp32; atomics in D.
     """
-    pid = tl.program_id(0)
-    num_ow_tiles = tl.cdiv(OW, BLOCK_OW)
-    ow_tile = pid % num_ow_tiles
-    oh = (pid // num_ow_tiles) % OH
-    c_out = (pid // num_ow_tiles // OH) % C_OUT
-    b = pid // num_ow_tiles // OH // C_OUT
+    y_plane, oh, ow, ow_in_range = seed_row_tile(OH, OW, BLOCK_OW)
+    c_out = y_plane % C_OUT
+    b = y_plane // C_OUT
     cin_per_group = C_IN // G
     c_in_first = (c_out // (C_OUT // G)) * cin_per_group
-    ow = ow_tile * BLOCK_OW + tl.arange(0, BLOCK_OW)
-    ow_in_range = ow < OW
     dy_row = dy + ((b.to(tl.int64) * C_OUT + c_out) * OH + oh) * OW
     dyv = tl.load(dy_row + ow, mask=ow_in_range, other=0.0).to(tl.float32)
     for c_in_local in range(0, cin_per_group):
@@ -135,4 +127,5 @@ Conv2dBackward = kernel_object(
     entry=conv2d_entry,
     nonnegative=("PAD_H", "PAD_W"),
     seed=True,
+    helpers=(seed_row_tile,),
 )
