@@ -140,7 +140,7 @@ def kernels_fingerprint(kind: str) -> str:
     kernels a choice of tuning `kind` is made among: a kind named after one of the layer packages of
     `nnkernels.ops` ("conv2d_dw": `ops/conv2d/`) hashes that package's kernels and the shared ones of
     `ops/common/`, so a change to one layer's kernels re-tunes that layer alone; any other kind, every one of the
-    library's kernels."""
+    library's kernels. The seed kernels, which no choice launches, are left out."""
     from . import ops
     from .kernel import catalogue
 
@@ -148,7 +148,7 @@ def kernels_fingerprint(kind: str) -> str:
     prefixes = (f"nnkernels.ops.{max(layers, key=len)}.", "nnkernels.ops.common.") if layers else ("nnkernels.",)
     digest = hashlib.sha256()
     for cls in sorted(catalogue(), key=lambda cls: (cls.__module__, cls.__name__)):  # not import order
-        if cls.__module__.startswith(prefixes):
+        if cls.__module__.startswith(prefixes) and not cls.seed:
             digest.update(code_of(cls._kernel_source).encode())
     return digest.hexdigest()[:12]
 
