@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from . import compile_ahead
 from .functional.pooling import avg_pool2d
 from .functional.batchnorm import batch_norm
 from .functional.conv import conv2d
@@ -341,7 +342,9 @@ def convert(model: torch.nn.Module, verbose: bool = False) -> torch.nn.Module:
     of `model` that nnkernels supports with the nnkernels layer holding the same Parameters and buffers.
 
     Returns `model` (or, when `model` is itself such a layer, its replacement) with the
-    `ConversionSummary` attached as `.nnkernels_summary`; `verbose` also prints it.
+    `ConversionSummary` attached as `.nnkernels_summary`; `verbose` also prints it. A model holding nnkernels
+    convolutions also gets a forward pre-hook that compiles their kernels in background processes at its first
+    forward on a GPU (`nnkernels.compile_ahead`; `NNKERNELS_COMPILE_AHEAD=off` turns it off).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -372,6 +375,8 @@ def convert(model: torch.nn.Module, verbose: bool = False) -> torch.nn.Module:
         return module
 
     model = visit(model, "")
+    if not isinstance(model, ours) and any(isinstance(m, (Conv2d, ConvTranspose2d)) for m in model.modules()):
+        compile_ahead.attach(model)
     model.__dict__["nnkernels_summary"] = summary
     if verbose:
         print(summary)

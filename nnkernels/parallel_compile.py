@@ -94,6 +94,10 @@ class Precompiling:
                     child.stdin.close()
                 child.wait()
 
+    def finished(self) -> bool:
+        """Whether every shape was answered (compiled, or failed: see `failures`) and the workers have ended."""
+        return not self._stopped and all(not thread.is_alive() for thread in self._threads)
+
     def wait(self) -> int:
         """Block until every shape is compiled; their number. A worker's error is raised here, with the end of its
         output."""

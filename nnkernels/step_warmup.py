@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import compile_ahead
 from ._aot import default_jobs
 from ._mode import INTERPRETED
 
@@ -67,29 +68,45 @@ def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def start_compiling_convs(model, inputs, jobs: int):
-    """Start compiling, in `jobs` background processes, the kernels of every convolution one forward + backward of
-    `model` on `inputs` runs, the last convolution first (the step starts at the first); the
-    `parallel_compile.Precompiling` handle, or None after one warning line where it could not start (warmup then
-    compiles as it goes)."""
+def conv_shapes_of_step(model, inputs) -> list:
+    """The ConvShapes one forward + backward of `model` on `inputs` runs, the last convolution first (a step
+    starts at the first), from a pass of a copy of `model` on the meta device."""
     from .conv_calls import conv_shapes
+
+    return list(reversed(list(conv_shapes(copy.deepcopy(model), inputs, training=model.training))))
+
+
+def start_compiling_shapes(shapes, dtype, jobs: int, device: str, who: str):
+    """Start compiling the kernels of `shapes` in `jobs` background processes: the `parallel_compile.Precompiling`
+    handle, or None after one warning line from `who` where they could not start (the step then compiles as it
+    goes)."""
     from .parallel_compile import start_precompile
 
     try:
-        shapes = conv_shapes(copy.deepcopy(model), inputs, training=model.training)
-        device = next((str(t.device) for t in inputs if isinstance(t, torch.Tensor)), "cuda")
-        return start_precompile(reversed(list(shapes)), _conv_dtype(model, inputs), jobs, device)
+        return start_precompile(shapes, dtype, jobs, device)
     except Exception as error:  # noqa: BLE001  (the step that follows compiles what this did not)
-        log.warning("nnkernels.warmup: compiling in %d processes failed (%s: %s); compiling as the step runs",
-                    jobs, type(error).__name__, _first_line(str(error)))
+        log.warning("%s: compiling in %d processes failed (%s: %s); compiling as the step runs", who, jobs,
+                    type(error).__name__, _first_line(str(error)))
         return None
 
 
-def _stop(compiling):
+def start_compiling_convs(model, inputs, jobs: int, who: str = "nnkernels.warmup"):
+    """`start_compiling_shapes` of every convolution one forward + backward of `model` on `inputs` runs."""
+    try:
+        shapes = conv_shapes_of_step(model, inputs)
+    except Exception as error:  # noqa: BLE001  (the step itself raises what the model raises)
+        log.warning("%s: the convolutions of a step could not be found on the meta device (%s: %s); compiling as "
+                    "the step runs", who, type(error).__name__, _first_line(str(error)))
+        return None
+    device = next((str(t.device) for t in inputs if isinstance(t, torch.Tensor)), "cuda")
+    return start_compiling_shapes(shapes, _conv_dtype(model, inputs), jobs, device, who)
+
+
+def _stop(compiling, who: str = "nnkernels.warmup"):
     """End the background compilation; a worker's failure is one warning line (the step compiled it itself)."""
     compiling.stop()
     if compiling.failures:
-        log.warning("nnkernels.warmup: a process compiling ahead failed (%s); the step compiled its kernels itself",
+        log.warning("%s: a process compiling ahead failed (%s); the step compiled its kernels itself", who,
                     _first_line(compiling.failures[0]))
 
 
@@ -108,12 +125,14 @@ def warmup(model: torch.nn.Module, example_inputs, *, backward: bool = True, pro
     if jobs is None:
         jobs = default_jobs(8)
     began = time.perf_counter()
-    compiling = start_compiling_convs(model, inputs, jobs) if jobs > 1 and not INTERPRETED else None
-    try:
-        layers, backward_ran = _run_twin(model, inputs, backward, progress)
-    finally:
-        if compiling is not None:
-            _stop(compiling)
+    with compile_ahead.suppressed():  # the twin's hook would start what this starts
+        compiling = start_compiling_convs(model, inputs, jobs) if jobs > 1 and not INTERPRETED else None
+        try:
+            layers, backward_ran = _run_twin(model, inputs, backward, progress)
+        finally:
+            if compiling is not None:
+                _stop(compiling)
+    compile_ahead.mark_done(model)
     return WarmupSummary(layers, time.perf_counter() - began, backward_ran)
 
 

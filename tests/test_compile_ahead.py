@@ -1,0 +1,156 @@
+"""Compiling ahead at a converted model's first forward: started once with the step's convolutions, stopped at the
+next forward, skipped where a marker says it is done, off on request, and invisible to the model's results."""
+import copy
+import io
+import time
+
+import pytest
+import torch
+
+import nnkernels
+from nnkernels import compile_ahead, step_warmup
+from nnkernels.conv_calls import conv_shapes
+from support import DEVICE, randn
+
+
+class FakeCompiling:
+    """What `start_compiling_shapes` returns, recording what it was asked."""
+
+    def __init__(self, shapes, dtype, jobs, device, who, complete=True):
+        self.shapes, self.dtype, self.jobs, self.device, self.complete = shapes, dtype, jobs, device, complete
+        self.failures, self.stopped = [], False
+
+    def finished(self):
+        return self.complete and not self.stopped
+
+    def stop(self):
+        self.stopped = True
+
+
+def _model():
+    torch.manual_seed(0)
+    layers = [torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+              torch.nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), torch.nn.AvgPool2d(2)]
+    return nnkernels.convert(torch.nn.Sequential(*layers)).to(DEVICE)
+
+
+@pytest.fixture
+def ahead(monkeypatch, tmp_path):
+    """Compiling ahead as on a GPU, on this test's device and in a Triton cache of its own; the starts it makes."""
+    monkeypatch.setattr(compile_ahead, "INTERPRETED", False)
+    monkeypatch.setattr(compile_ahead, "GPU_DEVICE_TYPES", (torch.device(DEVICE).type,))
+    monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: tmp_path / "triton")
+    monkeypatch.delenv(compile_ahead.ENV, raising=False)
+    started = []
+
+    def start(*args, **kwargs):
+        started.append(FakeCompiling(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(step_warmup, "start_compiling_shapes", start)
+    return started
+
+
+def test_the_first_forward_starts_compiling_the_steps_convolutions_and_the_next_stops_it(ahead):
+    model, x = _model(), randn(2, 3, 8, 8)
+    expected = list(reversed(list(conv_shapes(copy.deepcopy(model), (x,), training=True))))
+    model(x)
+    assert len(ahead) == 1 and ahead[0].shapes == expected and len(expected) == 2
+    assert ahead[0].dtype == torch.float32 and ahead[0].device == str(x.device) and not ahead[0].stopped
+    model(x).sum().backward()
+    assert ahead[0].stopped
+    model(x)
+    assert len(ahead) == 1
+    # The workers had compiled every shape: another process (here another model of the same shapes) starts none.
+    _model()(x)
+    assert len(ahead) == 1
+
+
+def test_workers_stopped_before_they_finished_leave_no_marker(ahead, monkeypatch):
+    monkeypatch.setattr(FakeCompiling, "finished", lambda self: False)
+    x = randn(2, 3, 8, 8)
+    model = _model()
+    model(x)
+    model(x)
+    _model()(x)
+    assert len(ahead) == 2 and ahead[0].stopped
+
+
+def test_another_input_shape_compiles_ahead_again(ahead):
+    x = randn(2, 3, 8, 8)
+    model = _model()
+    model(x)
+    model(x)
+    _model()(randn(4, 3, 8, 8))
+    assert len(ahead) == 2
+
+
+def test_off_when_asked_and_after_warmup(ahead, monkeypatch):
+    x = randn(2, 3, 8, 8)
+    monkeypatch.setenv(compile_ahead.ENV, "off")
+    _model()(x)
+    assert ahead == []
+    monkeypatch.delenv(compile_ahead.ENV)
+    model = _model()
+    nnkernels.warmup(model, x, progress=False, jobs=1)
+    model(x)
+    assert ahead == []
+
+
+def test_results_are_the_models_own_and_a_bad_input_raises_its_error(ahead, monkeypatch):
+    x = randn(2, 3, 8, 8)
+    hooked_y = _model()(x)
+    monkeypatch.setenv(compile_ahead.ENV, "off")
+    without = _model()
+    assert torch.equal(hooked_y, without(x))
+    monkeypatch.delenv(compile_ahead.ENV)
+    fresh = _model()
+    with pytest.raises(RuntimeError) as from_model:
+        without(randn(2, 4, 8, 8))
+    with pytest.raises(RuntimeError) as from_hooked:
+        fresh(randn(2, 4, 8, 8))
+    assert str(from_hooked.value) == str(from_model.value)
+    assert len(ahead) == 1  # with_hook's first forward; the failed meta pass started nothing
+
+
+def test_a_copied_or_saved_model_compiles_ahead_afresh(ahead):
+    model, x = _model(), randn(2, 3, 8, 8)
+    model(x)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    twin = copy.deepcopy(model)
+    hooks = [h for m in (loaded, twin) for h in m._forward_pre_hooks.values()]
+    assert len(hooks) == 2 and all(isinstance(h, compile_ahead.CompileAhead) and h.forwards == 0 for h in hooks)
+    nnkernels.convert(model)  # converting again adds no second hook
+    assert sum(isinstance(h, compile_ahead.CompileAhead) for h in model._forward_pre_hooks.values()) == 1
+
+
+def test_real_workers_compile_ahead_and_leave_the_marker(monkeypatch, tmp_path):
+    monkeypatch.setattr(compile_ahead, "INTERPRETED", False)
+    monkeypatch.setattr(compile_ahead, "GPU_DEVICE_TYPES", (torch.device(DEVICE).type,))
+    monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: tmp_path / "triton")
+    monkeypatch.setattr(compile_ahead, "_jobs", lambda: 2)
+    model, x = _model(), randn(2, 3, 8, 8)
+    model(x)
+    hook = next(iter(model._forward_pre_hooks.values()))
+    compiling = hook.compiling
+    began = time.perf_counter()
+    while not compiling.finished() and time.perf_counter() - began < 240:
+        time.sleep(0.2)
+    assert compiling.finished() and compiling.failures == []
+    model(x)
+    assert all(child.poll() is not None for child in compiling._children)
+    assert len(list((tmp_path / "triton" / "nnkernels-compiled-ahead").iterdir())) == 1
+
+
+def test_workers_take_at_most_a_quarter_of_the_free_gpu_memory():
+    from nnkernels.conv_calls import ConvShape
+
+    shape = ConvShape((64, 256, 56, 56), (256, 256, 3, 3), (1, 1), (1, 1), (1, 1), 1, False)
+    per_worker = compile_ahead.WORKER_CONTEXT_BYTES + 4 * 2 * (2 * 64 * 256 * 56 * 56 + 256 * 256 * 9)
+    assert compile_ahead.affordable_jobs(8, None, [shape], torch.bfloat16) == 8
+    assert compile_ahead.affordable_jobs(8, 140 * 2**30, [shape], torch.bfloat16) == 8
+    assert compile_ahead.affordable_jobs(8, 3 * 4 * per_worker + 1, [shape], torch.bfloat16) == 3
+    assert compile_ahead.affordable_jobs(8, 4 * per_worker - 1, [shape], torch.bfloat16) == 0
