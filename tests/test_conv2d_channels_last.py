@@ -24,7 +24,7 @@ CASES = [
     pytest.param((1, 16, 16, 6, 7, (3, 3), 1, 3, 1, 1, True), id="padding-past-the-kernel"),
     pytest.param((2, 16, 32, 9, 8, (1, 7), 1, (0, 3), 2, 1, False), id="1x7-dilated"),
     pytest.param((2, 3, 16, 11, 10, (7, 7), 2, 3, 1, 1, True), id="stem-through-nchw"),
-    pytest.param((2, 16, 16, 6, 6, (3, 3), 1, 1, 1, 16, True), id="depthwise-through-nchw"),
+    pytest.param((2, 16, 16, 6, 6, (3, 3), 1, 1, 1, 16, True), id="depthwise-channels-last-kernels"),
     pytest.param((2, 8, 16, 6, 6, (3, 3), 1, 1, 1, 2, False), id="grouped-channels-last-kernels"),
     pytest.param((2, 24, 16, 5, 5, (3, 3), 1, 1, 1, 1, True), id="24-channels-in"),
 ]
@@ -128,14 +128,15 @@ def test_a_channels_last_weight_is_read_where_it_lies(dtype, monkeypatch):
 
 
 def test_a_layer_on_nchw_kernels_copies_in_and_out():
-    """A depthwise layer reads NCHW: x and dy are copied to NCHW, y and dx back, each by the tile transpose."""
-    case = (2, 16, 16, 6, 6, (3, 3), 1, 1, 1, 16, False)
+    """The stem (3 channels in) reads NCHW: x and dy are copied to NCHW, y and dx back, each by the tile
+    transpose."""
+    case = (2, 3, 16, 11, 10, (7, 7), 2, 3, 1, 1, False)
     x, w, b, options = _tensors(case, torch.float32)
     y = conv2d(x, w, b, *options)
     assert y.is_contiguous(memory_format=CL) and not y.is_contiguous()
     y.backward(randn(*y.shape).contiguous(memory_format=CL))
     launched = last_kernels("conv2d")
-    assert [k.split("__")[0] for k in launched["forward"]] == ["channels_last_copy", "conv2d_depthwise_forward",
+    assert [k.split("__")[0] for k in launched["forward"]] == ["channels_last_copy", "conv2d_gemm_forward",
                                                               "channels_last_copy"]
     assert x.grad.is_contiguous(memory_format=CL)
 

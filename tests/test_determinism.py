@@ -59,6 +59,7 @@ CONV_GROUPED = ("ChannelsLastCopy", "Conv2dGroupedWeight", "Conv2dGemmClForward"
 CONV_GROUPED_STRIDED = ("ChannelsLastCopy", "Conv2dGroupedWeight", "Conv2dGemmClForward", "Conv2dGemmClDx",
                         "Conv2dGemmClDw", "Conv2dDwReduce")
 CONV_DEPTHWISE = ("Conv2dDepthwiseForward", "Conv2dDepthwiseDx", "Conv2dDepthwiseDw", "Conv2dDwReduce")
+CONV_DEPTHWISE_CL = ("Conv2dDepthwiseClForward", "Conv2dDepthwiseClDx", "Conv2dDepthwiseClDw", "Conv2dDwReduce")
 BN_FUSED = ("BatchNorm2dTrainForwardFused", "BatchNorm2dTrainBackwardFused")  # the forward updates the running stats
 BN_SPLIT = ("BatchNorm2dPartialStats", "BatchNorm2dTrainNormalize", "BatchNorm2dPartialGradSums",
             "BatchNorm2dTrainBackwardDx")
@@ -118,6 +119,11 @@ CASES = {
     "conv2d-depthwise-bf16": Case("conv2d", dict(x=(32, 32, 56, 56), w=(32, 1, 5, 5)),
                                   dict(x=(2, 3, 5, 5), w=(3, 1, 5, 5)), CONV_DEPTHWISE,
                                   dict(padding=2, stride=2, groups="C"), torch.bfloat16),
+    # depthwise on channels-last x: the first guess, its own kernels (tuning may take the NCHW ones behind copies).
+    "conv2d-depthwise-channels-last-bf16": Case("conv2d", dict(x=(32, 144, 28, 28), w=(144, 1, 3, 3)),
+                                                dict(x=(2, 16, 5, 5), w=(16, 1, 3, 3)), CONV_DEPTHWISE_CL,
+                                                dict(padding=1, groups="C", bias=True), torch.bfloat16,
+                                                tuned=False, channels_last=True),
     # avg_pool2d: gather backward (no atomics); the lanes kernels where rows split into aligned groups.
     "avg_pool2d": Case("avg_pool2d", dict(x=(32, 64, 56, 56)), dict(x=(2, 3, 6, 6)),
                        ("AvgPool2dLanesForward", "AvgPool2dGatherBackward"),

@@ -14,16 +14,21 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ... import tuning
-from . import channels_last, depthwise, implicit_gemm, pointwise, rows, tma, unfolded, winograd
+from . import channels_last, depthwise, depthwise_cl, implicit_gemm, pointwise, rows, tma, unfolded, winograd
 from .base import Choice, algorithm_named, decode_choice, tier_choices
 from .through_nchw import copy_kernels, through_nchw
 
+# A channels-last depthwise layer's own kernels share a tier with the NCHW ones (through layout copies): tuning
+# times both.
 # A 1x1 layer's NCHW products share a tier with the channels-last kernels (through layout copies): the copies cost
 # a memory pass, the NCHW products run short on small planes; tuning times both (the pointwise `ranks`).
-FORWARD = [(depthwise.FORWARD,), (pointwise.FORWARD, channels_last.FORWARD, tma.FORWARD, winograd.FORWARD),
-           (rows.FORWARD,), (implicit_gemm.FORWARD,)]
-DX = [(depthwise.DX,), (pointwise.DX, channels_last.DX), (unfolded.DX,), (channels_last.DX,), (implicit_gemm.DX,)]
-DW = [(depthwise.DW,), (unfolded.DW, winograd.DW), (pointwise.DW, tma.DW, channels_last.DW), (implicit_gemm.DW,)]
+FORWARD = [(depthwise_cl.FORWARD, depthwise.FORWARD),
+           (pointwise.FORWARD, channels_last.FORWARD, tma.FORWARD, winograd.FORWARD), (rows.FORWARD,),
+           (implicit_gemm.FORWARD,)]
+DX = [(depthwise_cl.DX, depthwise.DX), (pointwise.DX, channels_last.DX), (unfolded.DX,), (channels_last.DX,),
+      (implicit_gemm.DX,)]
+DW = [(depthwise_cl.DW, depthwise.DW), (unfolded.DW, winograd.DW), (pointwise.DW, tma.DW, channels_last.DW),
+      (implicit_gemm.DW,)]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,203 @@
+"""Depthwise 2-D convolution (groups == C_IN == C_OUT) on channels-last tensors, direct: forward, dx and dw.
+
+x, y, dy and dx are NHWC arrays ([B, H, W, C], a channels-last tensor's storage); the weight is [C, 1, KH, KW]
+as torch stores it. A program takes BLOCK_P pixels (b, row, column, numbered in that order) by BLOCK_C
+channels: every load and store is BLOCK_C consecutive channels of a pixel, so a channel block reads whole
+runs of memory with no layout copy. dx gathers (no atomics); dw is split over pixel blocks into the fp32
+partial rows `Conv2dDwReduce` adds in a fixed order, so both are bitwise reproducible."""
+import torch
+import triton
+import triton.language as tl
+
+from ...kernel import kernel_object
+from ..common.checks import check_grid_3d, check_numel
+from ..common.host_math import cdiv
+from ..common.tiles import zero_tiles
+from .checks import check_conv_launch
+from .depthwise import _depthwise_sizes
+from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
+
+
+def conv2d_depthwise_cl_forward_entry(k, a):
+    """Grid (cdiv(B*OH*OW, BLOCK_P), cdiv(C, BLOCK_C)) for `Conv2dDepthwiseClForward`."""
+    check_conv_launch(k, _depthwise_sizes(a), a.C)
+    if k.has_bias:
+        check_numel("bias", a.bias, a.C, "C")
+    return check_grid_3d(cdiv(a.B * a.OH * a.OW, k.block_p), cdiv(a.C, k.block_c), 1)
+
+
+def conv2d_depthwise_cl_dx_entry(k, a):
+    """Grid (cdiv(B*H*W, BLOCK_P), cdiv(C, BLOCK_C)) for `Conv2dDepthwiseClDx`."""
+    check_conv_launch(k, _depthwise_sizes(a), a.C)
+    return check_grid_3d(cdiv(a.B * a.H * a.W, k.block_p), cdiv(a.C, k.block_c), 1)
+
+
+def conv2d_depthwise_cl_dw_entry(k, a):
+    """Grid (cdiv(C, BLOCK_C), SPLIT) for `Conv2dDepthwiseClDw`."""
+    check_conv_launch(k, _depthwise_sizes(a), a.C)
+    blocks = cdiv(a.B * a.OH * a.OW, k.block_p)
+    if a.SPLIT > blocks:
+        raise ValueError(f"SPLIT: expected at most the {blocks} pixel blocks cdiv(B*OH*OW, BLOCK_P), got {a.SPLIT}")
+    row = dw_partial_size(a.C, 1, k.kh, k.kw, k.has_bias)
+    check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C*KH*KW [+ C with HAS_BIAS])")
+    return check_grid_3d(cdiv(a.C, k.block_c), a.SPLIT, 1)
+
+
+@triton.jit
+def _pixels(block, OH, OW, BLOCK_P: tl.constexpr):
+    """Pixel block `block` of a B x OH x OW grid: (pixel index [BLOCK_P], b, row, column)."""
+    pixel = block * BLOCK_P + tl.arange(0, BLOCK_P)
+    plane = OH * OW
+    b = pixel // plane
+    rest = pixel - b * plane
+    row = rest // OW
+    return pixel, b, row, rest - row * OW
+
+
+@triton.jit
+def conv2d_depthwise_cl_forward(
+    x, w, bias, y, B, C, H, W, OH, OW,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Depthwise 2-D convolution forward, channels-last.
+
+    Grid: (cdiv(B*OH*OW, BLOCK_P), cdiv(C, BLOCK_C)). Program (i, j) writes, for output pixels
+    q = i*BLOCK_P + ... (q = (b*OH + oh)*OW + ow) and channels c = j*BLOCK_C + ...,
+        y[q, c] = sum over (kh, kw) of x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c]
+            * w[c, 0, kh, kw]  (+ bias[c] when HAS_BIAS),
+    x read as 0 outside the image. Sums in fp32; every y is written.
+    """
+    q, b, oh, ow = _pixels(tl.program_id(0), OH, OW, BLOCK_P)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    q_ok = q < B * OH * OW
+    c_ok = c < C
+    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    for kh in tl.static_range(KH):
+        ih = oh * STRIDE_H - PAD_H + kh * DIL_H
+        row_ok = q_ok & (ih >= 0) & (ih < H)
+        for kw in tl.static_range(KW):
+            iw = ow * STRIDE_W - PAD_W + kw * DIL_W
+            inside = row_ok & (iw >= 0) & (iw < W)
+            pixel = ((b * H + ih) * W + iw).to(tl.int64) * C
+            xv = tl.load(x + pixel[:, None] + c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+            wv = tl.load(w + c * (KH * KW) + (kh * KW + kw), mask=c_ok, other=0.0)
+            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    out = q.to(tl.int64) * C
+    tl.store(y + out[:, None] + c[None, :], acc.to(y.dtype.element_ty), mask=q_ok[:, None] & c_ok[None, :])
+
+
+Conv2dDepthwiseClForward = kernel_object(
+    conv2d_depthwise_cl_forward,
+    example=(3, 3, 1, 1, 1, 1, 1, 1, False, 32, 64),
+    entry=conv2d_depthwise_cl_forward_entry,
+    nonnegative=("PAD_H", "PAD_W"),
+    flags=("HAS_BIAS",),
+    helpers=(_pixels,),
+)
+
+
+@triton.jit
+def conv2d_depthwise_cl_dx(
+    dy, w, dx, B, C, H, W, OH, OW,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Depthwise 2-D convolution input gradient, channels-last, gathered (no atomics).
+
+    Grid: (cdiv(B*H*W, BLOCK_P), cdiv(C, BLOCK_C)). Program (i, j) writes, for input pixels
+    q = i*BLOCK_P + ... (q = (b*H + ih)*W + iw) and channels c = j*BLOCK_C + ...,
+        dx[q, c] = sum over (kh, kw) of dy[b, oh, ow, c] * w[c, 0, kh, kw]
+    over the taps with oh = (ih + PAD_H - kh*DIL_H) / STRIDE_H whole and 0 <= oh < OH (likewise ow).
+    Sums in fp32; every dx is written.
+    """
+    q, b, ih, iw = _pixels(tl.program_id(0), H, W, BLOCK_P)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    q_ok = q < B * H * W
+    c_ok = c < C
+    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    for kh in tl.static_range(KH):
+        th = ih + PAD_H - kh * DIL_H
+        oh = th // STRIDE_H
+        # th < 0 gives no window; its quotient (rounded either way) is masked off with it.
+        row_ok = q_ok & (th >= 0) & (oh * STRIDE_H == th) & (oh < OH)
+        for kw in tl.static_range(KW):
+            tw = iw + PAD_W - kw * DIL_W
+            ow = tw // STRIDE_W
+            inside = row_ok & (tw >= 0) & (ow * STRIDE_W == tw) & (ow < OW)
+            pixel = ((b * OH + oh) * OW + ow).to(tl.int64) * C
+            dyv = tl.load(dy + pixel[:, None] + c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+            wv = tl.load(w + c * (KH * KW) + (kh * KW + kw), mask=c_ok, other=0.0)
+            acc += dyv.to(tl.float32) * wv.to(tl.float32)[None, :]
+    out = q.to(tl.int64) * C
+    tl.store(dx + out[:, None] + c[None, :], acc.to(dx.dtype.element_ty), mask=q_ok[:, None] & c_ok[None, :])
+
+
+Conv2dDepthwiseClDx = kernel_object(
+    conv2d_depthwise_cl_dx,
+    example=(3, 3, 1, 1, 1, 1, 1, 1, 32, 64),
+    entry=conv2d_depthwise_cl_dx_entry,
+    nonnegative=("PAD_H", "PAD_W"),
+    helpers=(_pixels,),
+)
+
+
+@triton.jit
+def conv2d_depthwise_cl_dw(
+    dy, x, partial, B, C, H, W, OH, OW, SPLIT,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Depthwise 2-D convolution weight gradient, channels-last, split over pixel blocks (no atomics).
+
+    Grid: (cdiv(C, BLOCK_C), SPLIT). Program (j, s) takes channels c = j*BLOCK_C + ... and the output pixel
+    blocks s, s + SPLIT, s + 2*SPLIT, ... of BLOCK_P pixels (q = (b*OH + oh)*OW + ow), in that order, and writes
+        partial[s, c*KH*KW + kh*KW + kw] = sum over its pixels of dy[q, c]
+            * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c]
+    (x read as 0 outside the image) and, when HAS_BIAS, partial[s, C*KH*KW + c] = sum of dy[q, c]. Sums in
+    fp32: each block's [BLOCK_P, BLOCK_C] products summed over its pixels into one [BLOCK_C] row per tap.
+    """
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = c < C
+    split = tl.program_id(1)
+    pixels = B * OH * OW
+    sums = zero_tiles(KH * KW, 1, BLOCK_C)
+    bias_sum = tl.zeros([1, BLOCK_C], dtype=tl.float32)
+    for block in range(split, tl.cdiv(pixels, BLOCK_P), SPLIT):
+        q, b, oh, ow = _pixels(block, OH, OW, BLOCK_P)
+        q_ok = q < pixels
+        out = q.to(tl.int64) * C
+        dyv = tl.load(dy + out[:, None] + c[None, :], mask=q_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+        bias_sum += tl.sum(dyv, axis=0)[None, :]
+        new_sums = ()
+        for kh in tl.static_range(KH):
+            ih = oh * STRIDE_H - PAD_H + kh * DIL_H
+            row_ok = q_ok & (ih >= 0) & (ih < H)
+            for kw in tl.static_range(KW):
+                iw = ow * STRIDE_W - PAD_W + kw * DIL_W
+                inside = row_ok & (iw >= 0) & (iw < W)
+                pixel = ((b * H + ih) * W + iw).to(tl.int64) * C
+                xv = tl.load(x + pixel[:, None] + c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+                new_sums = new_sums + (sums[kh * KW + kw] + tl.sum(dyv * xv.to(tl.float32), axis=0)[None, :],)
+        sums = new_sums
+    row = partial_row(partial, split, C * KH * KW, C, HAS_BIAS)
+    for tap in tl.static_range(KH * KW):
+        tl.store(row + c[None, :] * (KH * KW) + tap, sums[tap], mask=c_ok[None, :])
+    if HAS_BIAS:
+        tl.store(row + C * KH * KW + c[None, :], bias_sum, mask=c_ok[None, :])
+
+
+Conv2dDepthwiseClDw = kernel_object(
+    conv2d_depthwise_cl_dw,
+    example=(3, 3, 1, 1, 1, 1, 1, 1, False, 32, 64),
+    entry=conv2d_depthwise_cl_dw_entry,
+    pointer_dtypes={"partial": torch.float32},
+    nonnegative=("PAD_H", "PAD_W"),
+    flags=("HAS_BIAS",),
+    helpers=(_pixels, zero_tiles, *PARTIAL_ROW_HELPERS),
+)
