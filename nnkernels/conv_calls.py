@@ -7,6 +7,8 @@ their kernels in parallel first."""
 from __future__ import annotations
 
 import collections
+import copy
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +65,17 @@ def _padding(module, x_shape) -> tuple[tuple, tuple]:
 
 def _on_meta(arg):
     return torch.empty_like(arg, device="meta") if isinstance(arg, torch.Tensor) else arg
+
+
+def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of `model` whose parameters and buffers are meta tensors of the same shapes, dtypes and strides,
+    made without copying their data (a GPU model's copy takes no GPU memory)."""
+    memo = {}
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        meta = torch.empty_like(tensor, device="meta")
+        memo[id(tensor)] = torch.nn.Parameter(meta, tensor.requires_grad) if isinstance(
+            tensor, torch.nn.Parameter) else meta
+    return copy.deepcopy(model, memo)
 
 
 def conv_shapes(model: torch.nn.Module, inputs, training: bool = False) -> collections.Counter:

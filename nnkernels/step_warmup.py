@@ -70,10 +70,10 @@ def _first_line(text: str) -> str:
 
 def conv_shapes_of_step(model, inputs) -> list:
     """The ConvShapes one forward + backward of `model` on `inputs` runs, the last convolution first (a step
-    starts at the first), from a pass of a copy of `model` on the meta device."""
-    from .conv_calls import conv_shapes
+    starts at the first), from a pass of a meta copy of `model` (`meta_copy`)."""
+    from .conv_calls import conv_shapes, meta_copy
 
-    return list(reversed(list(conv_shapes(copy.deepcopy(model), inputs, training=model.training))))
+    return list(reversed(list(conv_shapes(meta_copy(model), inputs, training=model.training))))
 
 
 def start_compiling_shapes(shapes, dtype, jobs: int, device: str, who: str):

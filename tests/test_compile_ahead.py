@@ -154,3 +154,15 @@ def test_workers_take_at_most_a_quarter_of_the_free_gpu_memory():
     assert compile_ahead.affordable_jobs(8, 140 * 2**30, [shape], torch.bfloat16) == 8
     assert compile_ahead.affordable_jobs(8, 3 * 4 * per_worker + 1, [shape], torch.bfloat16) == 3
     assert compile_ahead.affordable_jobs(8, 4 * per_worker - 1, [shape], torch.bfloat16) == 0
+
+
+def test_the_meta_pass_copies_no_parameter_data():
+    from nnkernels.conv_calls import meta_copy
+
+    model = _model().to(memory_format=torch.channels_last)
+    model[0].weight.requires_grad_(False)
+    twin = meta_copy(model)
+    pairs = list(zip(model.state_dict().values(), twin.state_dict().values()))
+    assert all(t.is_meta and t.shape == o.shape and t.dtype == o.dtype and t.stride() == o.stride() for o, t in pairs)
+    assert [p.requires_grad for p in twin.parameters()] == [p.requires_grad for p in model.parameters()]
+    assert all(not t.is_meta for t in model.state_dict().values())  # the model itself is untouched
