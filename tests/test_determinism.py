@@ -134,6 +134,10 @@ CASES = {
     "avg_pool2d-bf16-overlapping": Case("avg_pool2d", dict(x=(16, 32, 33, 31)), dict(x=(1, 2, 7, 5)),
                                         ("AvgPool2dGatherForward", "AvgPool2dGatherBackward"),
                                         dict(kernel_size=(3, 2), stride=1, padding=1), torch.bfloat16),
+    "avg_pool2d-channels-last-bf16": Case("avg_pool2d", dict(x=(32, 64, 56, 56)), dict(x=(1, 16, 6, 5)),
+                                          ("AvgPool2dClForward", "AvgPool2dClBackward"),
+                                          dict(kernel_size=3, stride=2, padding=1, count_include_pad=False),
+                                          torch.bfloat16, channels_last=True),
     # batch_norm: channels that fit one tile (fused and grouped kernels) and split into chunks (partials in a
     # fixed order).
     "batch_norm-train-fused": Case("batch_norm", dict(x=(4, 64, 16, 16)), dict(x=(2, 3, 4, 4)), BN_FUSED,

@@ -1,5 +1,5 @@
-"""`avg_pool2d`: `torch.nn.functional.avg_pool2d` on nnkernels' lanes and gather kernels, with autograd and
-torch.compile.
+"""`avg_pool2d`: `torch.nn.functional.avg_pool2d` on nnkernels' lanes, gather and channels-last kernels, with
+autograd and torch.compile.
 
 A call's signature (x's shape, strides, dtype and device, and the window options) finds its `AvgPool2dPlan`,
 built (arguments checked) on the signature's first call; its forward and its backward each choose their kernel
@@ -20,7 +20,7 @@ from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, 
                      record, register_autograd, register_fake, register_kernels)
 from .double_backward import avg_pool2d_dx
 from .layout import as_channels_last, nchw
-from .pooling_algorithms import PoolingPass
+from .pooling_algorithms import ChannelsLastPoolingPass, PoolingPass
 
 _PLANS = PlanCache()
 
@@ -75,9 +75,9 @@ def _output_size(H, W, kernel, stride, padding, ceil_mode):
 
 
 class AvgPool2dPlan:
-    """What every call with one signature runs: `forward(x)` and `backward(dy)` on 4-D contiguous tensors;
-    `channels_last` where x's strides are (torch's `suggest_memory_format`), whose results the caller makes
-    channels-last."""
+    """What every call with one signature runs: `run("forward", x)` and `run("backward", dy)` on 4-D tensors
+    `ready` made: contiguous, or channels-last in a `channels_last` plan (x's strides are, as torch's
+    `suggest_memory_format` judges them), whose kernels read and write that layout."""
 
     def __init__(self, shape, dtype, device, kernel, stride, padding, ceil_mode, count_include_pad, divisor,
                  channels_last=False):
@@ -89,14 +89,23 @@ class AvgPool2dPlan:
         self.runs_kernels = B * C * OH * OW > 0 and device.type != "meta"
         on = machine.machine_of(device)
         window = (kernel, stride, padding, count_include_pad, divisor)
-        self.passes = {direction: PoolingPass(direction, dtype, B * C, H, W, OH, OW, *window, on, device)
-                       for direction in ("forward", "backward")}
+        if channels_last:
+            self.passes = {direction: ChannelsLastPoolingPass(direction, dtype, B, C, H, W, OH, OW, *window, on, device)
+                           for direction in ("forward", "backward")}
+        else:
+            self.passes = {direction: PoolingPass(direction, dtype, B * C, H, W, OH, OW, *window, on, device)
+                           for direction in ("forward", "backward")}
         self.out_shapes = {"forward": self.y_shape, "backward": self.x_shape}
         self.runners, self.ids = {}, {}
 
+    def ready(self, t):
+        """x or dy as the plan's kernels read it: channels-last or contiguous, aligned (a copy where not)."""
+        return aligned(as_channels_last(t) if self.channels_last else nchw(t))
+
     def run(self, direction, source):
         if not self.runs_kernels:
-            return source.new_empty(self.out_shapes[direction])
+            empty = source.new_empty(self.out_shapes[direction])
+            return empty.contiguous(memory_format=torch.channels_last) if self.channels_last else empty
         switch = elsewhere(self.device)
         if switch is not None:
             with switch:
@@ -123,16 +132,6 @@ class AvgPool2dPlan:
         return self.run(direction, source)
 
 
-def _ready(t):
-    return aligned(nchw(t))
-
-
-def _laid_out(plan, t):
-    """`t` in the layout torch gives for the plan's input. The kernels read and write NCHW only, so a
-    channels-last input costs one copy in (`_ready`) and one copy out (here)."""
-    return as_channels_last(t) if plan.channels_last else t
-
-
 def _suggests_channels_last(x):
     return x.dim() == 4 and suggest_memory_format(x) == torch.channels_last
 
@@ -157,14 +156,14 @@ class _AvgPool2d(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, plan):
         ctx.plan = plan
-        return _laid_out(plan, plan.run("forward", _ready(x)))
+        return plan.run("forward", plan.ready(x))
 
     @staticmethod
     def backward(ctx, dy):
         plan = ctx.plan
         if torch.is_grad_enabled():  # create_graph=True: dx as a differentiable map of dy
-            return avg_pool2d_dx(dy, lambda g: _laid_out(plan, plan.run("backward", _ready(g))), plan.window), None
-        return _laid_out(plan, plan.run("backward", _ready(dy))), None
+            return avg_pool2d_dx(dy, lambda g: plan.run("backward", plan.ready(g)), plan.window), None
+        return plan.run("backward", plan.ready(dy)), None
 
 
 _avg_pool2d = direct_apply(_AvgPool2d)
@@ -194,7 +193,7 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
         if torch.is_grad_enabled() and batched.requires_grad:
             y = _avg_pool2d(batched, plan)
         else:
-            y = _laid_out(plan, plan.run("forward", _ready(batched)))
+            y = plan.run("forward", plan.ready(batched))
     return y.squeeze(0) if unbatched else y
 
 
@@ -204,7 +203,7 @@ def avg_pool2d_op(x: torch.Tensor, kernel_size: list[int], stride: list[int], pa
     """4-D average pooling forward (divisor_override 0 = none); see `avg_pool2d`."""
     plan = _plan(x.shape, x.stride(), x.dtype, x.device, tuple(kernel_size), tuple(stride), tuple(padding), ceil_mode,
                  count_include_pad, divisor_override, x)
-    return _laid_out(plan, plan.run("forward", _ready(x)))
+    return plan.run("forward", plan.ready(x))
 
 
 @register_fake("avg_pool2d")
@@ -224,7 +223,7 @@ def avg_pool2d_backward_op(dy: torch.Tensor, input_height: int, input_width: int
     strides = (C * input_height * input_width, input_height * input_width, input_width, 1)
     plan = _plan(shape, strides, dy.dtype, dy.device, tuple(kernel_size), tuple(stride), tuple(padding), ceil_mode,
                  count_include_pad, divisor_override)
-    return plan.run("backward", _ready(dy))
+    return plan.run("backward", plan.ready(dy))
 
 
 @register_fake("avg_pool2d_backward")

@@ -2,7 +2,8 @@
 
 Where its contract holds (rows of vector loads, windows within a group's reach; the backward only for one
 divisor for every window), a pass takes the lanes kernel, tuned over `LanesConfig`s; otherwise the gather
-kernel, which takes every case, with one `GatherConfig` from a rule.
+kernel, which takes every case, with one `GatherConfig` from a rule. On channels-last tensors a pass takes the
+channels-last kernels, tuned over `ChannelsLastPoolConfig`s.
 """
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ..launcher import Launcher
+from ..ops.avg_pool2d.channels_last import AvgPool2dClBackward, AvgPool2dClForward
 from ..ops.avg_pool2d.gather import (AvgPool2dGatherBackward, AvgPool2dGatherForward, contiguous_row_align,
                                      row_align, uniform_divisor)
 from ..ops.avg_pool2d.lanes import (AvgPool2dLanesBackward, AvgPool2dLanesForward, backward_lane_widths,
                                     backward_lanes, backward_src_vec, forward_lane_widths, forward_lanes)
 from ..ops.common.host_math import cdiv, next_power_of_2
-from .common import allocator, kernel, stored_config
+from .common import allocator, channels_last_allocator, kernel, stored_config
 
 INTERPRETER_TILE = 2**16
 
@@ -155,6 +157,68 @@ class PoolingPass:
         def run(source):
             out = new(*out_shape)
             launch(source, out, *sizes)
+            return out
+
+        return run
+
+
+@dataclass(frozen=True)
+class ChannelsLastPoolConfig:
+    """A channels-last pooling launch: `block_p` pixels by `block_c` channels per program, `num_warps`."""
+
+    block_p: int
+    block_c: int
+    num_warps: int
+
+
+# Elements of a channels-last program's tile on the GPU (the first guess first); channels of a pixel it reads.
+CHANNELS_LAST_TILES = (2048, 1024, 4096)
+WIDEST_CHANNELS = 64
+
+
+def channels_last_candidates(pixels, channels, machine) -> list[ChannelsLastPoolConfig]:
+    """Tiles over `pixels` written pixels of `channels` channels: up to WIDEST_CHANNELS channels, then pixels up to
+    each of CHANNELS_LAST_TILES elements (the interpreter: one large tile)."""
+    block_c = min(next_power_of_2(channels), WIDEST_CHANNELS)
+    sizes = CHANNELS_LAST_TILES if machine.gpu else (INTERPRETER_TILE,)
+    return list(dict.fromkeys(ChannelsLastPoolConfig(max(1, min(size // block_c, next_power_of_2(pixels))), block_c, 4)
+                              for size in sizes))
+
+
+class ChannelsLastPoolingPass:
+    """`PoolingPass` on channels-last tensors: x and y (dy and dx) read and written as the NHWC arrays they store,
+    by `AvgPool2dClForward` or `AvgPool2dClBackward`."""
+
+    def __init__(self, direction, dtype, batch, channels, H, W, OH, OW, kernel_size, stride, padding,
+                 count_include_pad, divisor, machine, device):
+        self.direction, self.dtype, self.machine, self.device = direction, dtype, machine, device
+        self.sizes = (batch, channels, H, W, OH, OW)
+        self.key = (str(dtype).replace("torch.", ""), batch, channels, H, W, OH, OW, tuple(kernel_size),
+                    tuple(stride), tuple(padding), count_include_pad, divisor)
+        options = SimpleNamespace(kh=kernel_size[0], kw=kernel_size[1], stride_h=stride[0], stride_w=stride[1],
+                                  pad_h=padding[0], pad_w=padding[1], count_include_pad=count_include_pad,
+                                  divisor_override=divisor)
+        self.common = (*kernel_size, *stride, *padding, count_include_pad, divisor,
+                       uniform_divisor(options, H, W, OH, OW))
+        self.pixels = batch * (H * W if direction == "backward" else OH * OW)
+        self.kind = f"avg_pool2d_nhwc_{direction}"
+        self.decode = stored_config(ChannelsLastPoolConfig)
+
+    def candidates(self):
+        return channels_last_candidates(self.pixels, self.sizes[1], self.machine)
+
+    def kernel(self, config):
+        cls = AvgPool2dClBackward if self.direction == "backward" else AvgPool2dClForward
+        return kernel(cls, *self.common, config.block_p, config.block_c, dtype=self.dtype,
+                      num_warps=config.num_warps)
+
+    def runner(self, config, out_shape):
+        """run(source) -> out, both channels-last [N, C, H, W] tensors (every config writes all of out)."""
+        launch, sizes, new = Launcher(self.kernel(config)), self.sizes, channels_last_allocator(self.dtype, self.device)
+
+        def run(source):
+            out = new(*out_shape)
+            launch(source.permute(0, 2, 3, 1), out.permute(0, 2, 3, 1), *sizes)
             return out
 
         return run

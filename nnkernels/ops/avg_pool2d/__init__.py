@@ -1,1 +1,1 @@
-"""The average-pooling kernels: the seed kernels, the gather kernels and the lanes kernels."""
+"""The average-pooling kernels: the seed kernels, the gather, lanes and channels-last kernels."""

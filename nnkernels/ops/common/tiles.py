@@ -1,5 +1,5 @@
 """Tiles shared by kernels: tuples of accumulator tiles (for kernels that unroll over a band's rows or a program's
-taps) and the seed kernels' row tiles."""
+taps), the seed kernels' row tiles and the channels-last kernels' pixel blocks."""
 import triton
 import triton.language as tl
 
@@ -23,3 +23,15 @@ def seed_row_tile(OH, OW, BLOCK_OW: tl.constexpr):
     plane = pid // num_ow_tiles // OH
     ow = (pid % num_ow_tiles) * BLOCK_OW + tl.arange(0, BLOCK_OW)
     return plane, oh, ow, ow < OW
+
+
+@triton.jit
+def nhwc_pixels(block, OH, OW, BLOCK_P: tl.constexpr):
+    """Pixel block `block` of a B x OH x OW grid, pixels numbered (b*OH + row)*OW + column as an NHWC array stores
+    them: (pixel index [BLOCK_P], b, row, column)."""
+    pixel = block * BLOCK_P + tl.arange(0, BLOCK_P)
+    plane = OH * OW
+    b = pixel // plane
+    rest = pixel - b * plane
+    row = rest // OW
+    return pixel, b, row, rest - row * OW

@@ -12,7 +12,7 @@ import triton.language as tl
 from ...kernel import kernel_object
 from ..common.checks import check_grid_3d, check_numel
 from ..common.host_math import cdiv
-from ..common.tiles import zero_tiles
+from ..common.tiles import nhwc_pixels, zero_tiles
 from .checks import check_conv_launch
 from .depthwise import _depthwise_sizes
 from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
@@ -44,17 +44,6 @@ def conv2d_depthwise_cl_dw_entry(k, a):
 
 
 @triton.jit
-def _pixels(block, OH, OW, BLOCK_P: tl.constexpr):
-    """Pixel block `block` of a B x OH x OW grid: (pixel index [BLOCK_P], b, row, column)."""
-    pixel = block * BLOCK_P + tl.arange(0, BLOCK_P)
-    plane = OH * OW
-    b = pixel // plane
-    rest = pixel - b * plane
-    row = rest // OW
-    return pixel, b, row, rest - row * OW
-
-
-@triton.jit
 def conv2d_depthwise_cl_forward(
     x, w, bias, y, B, C, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
@@ -69,7 +58,7 @@ def conv2d_depthwise_cl_forward(
             * w[c, 0, kh, kw]  (+ bias[c] when HAS_BIAS),
     x read as 0 outside the image. Sums in fp32; every y is written.
     """
-    q, b, oh, ow = _pixels(tl.program_id(0), OH, OW, BLOCK_P)
+    q, b, oh, ow = nhwc_pixels(tl.program_id(0), OH, OW, BLOCK_P)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     q_ok = q < B * OH * OW
     c_ok = c < C
@@ -96,7 +85,7 @@ Conv2dDepthwiseClForward = kernel_object(
     entry=conv2d_depthwise_cl_forward_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS",),
-    helpers=(_pixels,),
+    helpers=(nhwc_pixels,),
 )
 
 
@@ -115,7 +104,7 @@ def conv2d_depthwise_cl_dx(
     over the taps with oh = (ih + PAD_H - kh*DIL_H) / STRIDE_H whole and 0 <= oh < OH (likewise ow).
     Sums in fp32; every dx is written.
     """
-    q, b, ih, iw = _pixels(tl.program_id(0), H, W, BLOCK_P)
+    q, b, ih, iw = nhwc_pixels(tl.program_id(0), H, W, BLOCK_P)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     q_ok = q < B * H * W
     c_ok = c < C
@@ -142,7 +131,7 @@ Conv2dDepthwiseClDx = kernel_object(
     example=(3, 3, 1, 1, 1, 1, 1, 1, 32, 64),
     entry=conv2d_depthwise_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
-    helpers=(_pixels,),
+    helpers=(nhwc_pixels,),
 )
 
 
@@ -169,7 +158,7 @@ def conv2d_depthwise_cl_dw(
     sums = zero_tiles(KH * KW, 1, BLOCK_C)
     bias_sum = tl.zeros([1, BLOCK_C], dtype=tl.float32)
     for block in range(split, tl.cdiv(pixels, BLOCK_P), SPLIT):
-        q, b, oh, ow = _pixels(block, OH, OW, BLOCK_P)
+        q, b, oh, ow = nhwc_pixels(block, OH, OW, BLOCK_P)
         q_ok = q < pixels
         out = q.to(tl.int64) * C
         dyv = tl.load(dy + out[:, None] + c[None, :], mask=q_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
@@ -199,5 +188,5 @@ Conv2dDepthwiseClDw = kernel_object(
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS",),
-    helpers=(_pixels, zero_tiles, *PARTIAL_ROW_HELPERS),
+    helpers=(nhwc_pixels, zero_tiles, *PARTIAL_ROW_HELPERS),
 )
