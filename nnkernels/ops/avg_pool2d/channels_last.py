@@ -10,32 +10,17 @@ import triton
 import triton.language as tl
 
 from ...kernel import INT32_MAX, kernel_object
-from ..common.checks import check_grid_3d, check_numel
+from ..common.checks import check_grid_3d
 from ..common.host_math import cdiv
-from ..common.tiles import nhwc_pixels
-from .gather import pooled_size, uniform_divisor
+from ..common.tiles import load_nhwc, nhwc_pixels, store_nhwc
+from .gather import check_pooled_tensors, check_window
 
 
 def avg_pool2d_cl_entry(k, a):
     """Check a channels-last pooling launch and return its grid (cdiv(B*rows*cols, BLOCK_P), cdiv(C, BLOCK_C)) over
     the pixels it writes (OH x OW for the forward, H x W for the backward)."""
-    for pad, kernel, name in ((k.pad_h, k.kh, "pad_h"), (k.pad_w, k.kw, "pad_w")):
-        if 2 * pad > kernel:
-            raise ValueError(f"{name}: expected at most half the window ({kernel}), got {pad}")
-    for got, size, kernel, stride, pad, name in ((a.OH, a.H, k.kh, k.stride_h, k.pad_h, "OH"),
-                                                 (a.OW, a.W, k.kw, k.stride_w, k.pad_w, "OW")):
-        valid = {pooled_size(size, kernel, stride, pad, ceil) for ceil in (False, True)}
-        if got not in valid or size + 2 * pad < kernel:
-            raise ValueError(f"{name}: expected the pooled size {sorted(valid)} of the input, got {got}")
-    uniform = uniform_divisor(k, a.H, a.W, a.OH, a.OW)
-    if k.uniform != uniform:
-        raise ValueError(f"uniform: expected {uniform} for these sizes and options, got {k.uniform}")
-    for name in ("x", "dx"):
-        if hasattr(a, name):
-            check_numel(name, getattr(a, name), a.B * a.H * a.W * a.C, "B*H*W*C")
-    for name in ("y", "dy"):
-        if hasattr(a, name):
-            check_numel(name, getattr(a, name), a.B * a.OH * a.OW * a.C, "B*OH*OW*C")
+    check_window(k, a)
+    check_pooled_tensors(a, a.B * a.C, "B*C")
     pixels = a.B * (a.H * a.W if hasattr(a, "dx") else a.OH * a.OW)
     if a.B * a.H * a.W > INT32_MAX:
         raise ValueError(f"B: {a.B} images of {a.H}x{a.W} exceed the int32 pixel index")
@@ -61,6 +46,12 @@ def pixel_means(sums, h0, w0, H, W, KH: tl.constexpr, KW: tl.constexpr, PAD_H: t
     return means
 
 
+# What both kernels declare: their example constants, entry check, and the helpers their source takes.
+_CL_POOL_KERNEL = dict(example=(3, 3, 2, 2, 1, 1, False, 0, False, 32, 64), entry=avg_pool2d_cl_entry,
+                       nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"), flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
+                       helpers=(nhwc_pixels, load_nhwc, store_nhwc, pixel_means))
+
+
 @triton.jit
 def avg_pool2d_cl_forward(
     x, y, B, C, H, W, OH, OW,
@@ -84,27 +75,13 @@ def avg_pool2d_cl_forward(
     w0 = ow * STRIDE_W - PAD_W
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for kh in tl.static_range(KH):
-        ih = h0 + kh
-        row_ok = q_ok & (ih >= 0) & (ih < H)
         for kw in tl.static_range(KW):
-            iw = w0 + kw
-            inside = row_ok & (iw >= 0) & (iw < W)
-            pixel = ((b * H + ih) * W + iw).to(tl.int64) * C
-            xv = tl.load(x + pixel[:, None] + c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
-            acc += xv.to(tl.float32)
+            acc += load_nhwc(x, b, h0 + kh, w0 + kw, c, H, W, C, q_ok, c_ok).to(tl.float32)
     means = pixel_means(acc, h0, w0, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD, DIVISOR_OVERRIDE, UNIFORM)
-    out = q.to(tl.int64) * C
-    tl.store(y + out[:, None] + c[None, :], means.to(y.dtype.element_ty), mask=q_ok[:, None] & c_ok[None, :])
+    store_nhwc(y, q, c, C, means, q_ok, c_ok)
 
 
-AvgPool2dClForward = kernel_object(
-    avg_pool2d_cl_forward,
-    example=(3, 3, 2, 2, 1, 1, False, 0, False, 32, 64),
-    entry=avg_pool2d_cl_entry,
-    nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"),
-    flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
-    helpers=(nhwc_pixels, pixel_means),
-)
+AvgPool2dClForward = kernel_object(avg_pool2d_cl_forward, **_CL_POOL_KERNEL)
 
 
 @triton.jit
@@ -129,23 +106,13 @@ def avg_pool2d_cl_backward(
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for j in tl.static_range((KH + STRIDE_H - 1) // STRIDE_H):
         oh = (ih + PAD_H) // STRIDE_H - j
-        row_ok = q_ok & (oh >= 0) & (oh < OH) & (ih + PAD_H - oh * STRIDE_H < KH)
         for i in tl.static_range((KW + STRIDE_W - 1) // STRIDE_W):
             ow = (iw + PAD_W) // STRIDE_W - i
-            inside = row_ok & (ow >= 0) & (ow < OW) & (iw + PAD_W - ow * STRIDE_W < KW)
-            pixel = ((b * OH + oh) * OW + ow).to(tl.int64) * C
-            dyv = tl.load(dy + pixel[:, None] + c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+            covers = q_ok & (ih + PAD_H - oh * STRIDE_H < KH) & (iw + PAD_W - ow * STRIDE_W < KW)
+            dyv = load_nhwc(dy, b, oh, ow, c, OH, OW, C, covers, c_ok)
             acc += pixel_means(dyv.to(tl.float32), oh * STRIDE_H - PAD_H, ow * STRIDE_W - PAD_W, H, W, KH, KW, PAD_H,
                                PAD_W, COUNT_INCLUDE_PAD, DIVISOR_OVERRIDE, UNIFORM)
-    out = q.to(tl.int64) * C
-    tl.store(dx + out[:, None] + c[None, :], acc.to(dx.dtype.element_ty), mask=q_ok[:, None] & c_ok[None, :])
+    store_nhwc(dx, q, c, C, acc, q_ok, c_ok)
 
 
-AvgPool2dClBackward = kernel_object(
-    avg_pool2d_cl_backward,
-    example=(3, 3, 2, 2, 1, 1, False, 0, False, 32, 64),
-    entry=avg_pool2d_cl_entry,
-    nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"),
-    flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
-    helpers=(nhwc_pixels, pixel_means),
-)
+AvgPool2dClBackward = kernel_object(avg_pool2d_cl_backward, **_CL_POOL_KERNEL)

@@ -48,9 +48,10 @@ def contiguous_row_align(k, W, OW):
     return min(row_align(W), row_align(OW * k.kw))
 
 
-def avg_pool2d_gather_entry(k, a):
-    """Check a gather pooling launch (forward or backward) and return its flat grid over tiles."""
-    for size, kernel, pad, name in ((a.H, k.kh, k.pad_h, "pad_h"), (a.W, k.kw, k.pad_w, "pad_w")):
+def check_window(k, a):
+    """The checks every pooling launch shares: padding at most half the window, OH and OW pooled sizes of H and W
+    (floor or ceil mode), the UNIFORM flag as the options and sizes make it."""
+    for kernel, pad, name in ((k.kh, k.pad_h, "pad_h"), (k.kw, k.pad_w, "pad_w")):
         if 2 * pad > kernel:
             raise ValueError(f"{name}: expected at most half the window ({kernel}), got {pad}")
     for got, size, kernel, stride, pad, name in ((a.OH, a.H, k.kh, k.stride_h, k.pad_h, "OH"),
@@ -58,6 +59,22 @@ def avg_pool2d_gather_entry(k, a):
         valid = {pooled_size(size, kernel, stride, pad, ceil) for ceil in (False, True)}
         if got not in valid or size + 2 * pad < kernel:
             raise ValueError(f"{name}: expected the pooled size {sorted(valid)} of the input, got {got}")
+    uniform = uniform_divisor(k, a.H, a.W, a.OH, a.OW)
+    if k.uniform != uniform:
+        raise ValueError(f"uniform: expected {uniform} for these sizes and options, got {k.uniform}")
+
+
+def check_pooled_tensors(a, planes, planes_name):
+    """x and dx (those the launch has) hold `planes` planes of H x W elements, y and dy of OH x OW."""
+    for name, size, size_name in (("x", a.H * a.W, "H*W"), ("dx", a.H * a.W, "H*W"), ("y", a.OH * a.OW, "OH*OW"),
+                                  ("dy", a.OH * a.OW, "OH*OW")):
+        if hasattr(a, name):
+            check_numel(name, getattr(a, name), planes * size, f"{planes_name}*{size_name}")
+
+
+def avg_pool2d_gather_entry(k, a):
+    """Check a gather pooling launch (forward or backward) and return its flat grid over tiles."""
+    check_window(k, a)
     written = a.W if hasattr(a, "dx") else a.OW
     if k.row_align > 16 or k.row_align & (k.row_align - 1) or written % k.row_align:
         raise ValueError(f"row_align: expected a power of two <= 16 dividing {written}, got {k.row_align}")
@@ -65,15 +82,7 @@ def avg_pool2d_gather_entry(k, a):
     if x_align and x_align != contiguous_row_align(k, a.W, a.OW):
         raise ValueError(f"x_align: expected {contiguous_row_align(k, a.W, a.OW)} for these sizes and options, "
                          f"got {x_align}")
-    uniform = uniform_divisor(k, a.H, a.W, a.OH, a.OW)
-    if k.uniform != uniform:
-        raise ValueError(f"uniform: expected {uniform} for these sizes and options, got {k.uniform}")
-    for name in ("x", "dx"):
-        if hasattr(a, name):
-            check_numel(name, getattr(a, name), a.P * a.H * a.W, "P*H*W")
-    for name in ("y", "dy"):
-        if hasattr(a, name):
-            check_numel(name, getattr(a, name), a.P * a.OH * a.OW, "P*OH*OW")
+    check_pooled_tensors(a, a.P, "P")
     rows = a.P * (a.H if hasattr(a, "dx") else a.OH)
     if rows > INT32_MAX or a.H * a.W > INT32_MAX:
         raise ValueError(f"P: {a.P} planes of {a.H}x{a.W} exceed the int32 row and plane indices")

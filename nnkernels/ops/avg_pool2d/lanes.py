@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from ...kernel import INT32_MAX, kernel_object
-from .gather import pooled_size, row_align, uniform_divisor, window_divisor, window_means
-from ..common.checks import check_grid, check_numel
+from .gather import check_pooled_tensors, check_window, row_align, window_divisor, window_means
+from ..common.checks import check_grid
 from ..common.host_math import cdiv
 
 
@@ -100,17 +100,8 @@ def backward_lanes(k, W, OW, itemsize, uniform):
 def avg_pool2d_lanes_entry(k, a):
     """Check a lanes pooling launch (forward or backward) and return its flat grid over tiles."""
     backward = hasattr(a, "dx")
-    for size, kernel, pad, name in ((a.H, k.kh, k.pad_h, "pad_h"), (a.W, k.kw, k.pad_w, "pad_w")):
-        if 2 * pad > kernel:
-            raise ValueError(f"{name}: expected at most half the window ({kernel}), got {pad}")
-    for got, size, kernel, stride, pad, name in ((a.OH, a.H, k.kh, k.stride_h, k.pad_h, "OH"),
-                                                 (a.OW, a.W, k.kw, k.stride_w, k.pad_w, "OW")):
-        valid = {pooled_size(size, kernel, stride, pad, ceil) for ceil in (False, True)}
-        if got not in valid or size + 2 * pad < kernel:
-            raise ValueError(f"{name}: expected the pooled size {sorted(valid)} of the input, got {got}")
-    uniform = uniform_divisor(k, a.H, a.W, a.OH, a.OW)
-    if k.uniform != uniform:
-        raise ValueError(f"uniform: expected {uniform} for these sizes and options, got {k.uniform}")
+    check_window(k, a)
+    uniform = k.uniform
     if backward:
         widths = backward_lane_widths(k, a.W, uniform)
         if k.lanes not in widths or k.src_vec != backward_src_vec(k, a.OW, k.lanes):
@@ -123,12 +114,7 @@ def avg_pool2d_lanes_entry(k, a):
     written = a.W if backward else a.OW
     if k.row_align != min(row_align(written), k.lanes):
         raise ValueError(f"row_align: expected {min(row_align(written), k.lanes)}, got {k.row_align}")
-    for name in ("x", "dx"):
-        if hasattr(a, name):
-            check_numel(name, getattr(a, name), a.P * a.H * a.W, "P*H*W")
-    for name in ("y", "dy"):
-        if hasattr(a, name):
-            check_numel(name, getattr(a, name), a.P * a.OH * a.OW, "P*OH*OW")
+    check_pooled_tensors(a, a.P, "P")
     rows = a.P * (a.H if backward else a.OH)
     if rows > INT32_MAX or a.H * a.W > INT32_MAX:
         raise ValueError(f"P: {a.P} planes of {a.H}x{a.W} exceed the int32 row and plane indices")

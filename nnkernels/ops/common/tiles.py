@@ -1,5 +1,5 @@
 """Tiles shared by kernels: tuples of accumulator tiles (for kernels that unroll over a band's rows or a program's
-taps), the seed kernels' row tiles and the channels-last kernels' pixel blocks."""
+taps), the seed kernels' row tiles, and the channels-last kernels' pixel blocks with their loads and stores."""
 import triton
 import triton.language as tl
 
@@ -35,3 +35,19 @@ def nhwc_pixels(block, OH, OW, BLOCK_P: tl.constexpr):
     rest = pixel - b * plane
     row = rest // OW
     return pixel, b, row, rest - row * OW
+
+
+@triton.jit
+def load_nhwc(t, b, row, col, c, ROWS, COLS, C, ok, c_ok):
+    """t[b, row, col, c] of an NHWC array [B, ROWS, COLS, C] as a [P, BLOCK_C] tile, for b, row, col, ok [P] and
+    c, c_ok [BLOCK_C]: 0 where ok or c_ok is false or (row, col) falls outside the ROWS x COLS image."""
+    inside = ok & (row >= 0) & (row < ROWS) & (col >= 0) & (col < COLS)
+    pixel = ((b * ROWS + row) * COLS + col).to(tl.int64) * C
+    return tl.load(t + pixel[:, None] + c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+
+
+@triton.jit
+def store_nhwc(t, pixel, c, C, values, pixel_ok, c_ok):
+    """t[pixel, c] = values [P, BLOCK_C] (cast to t's type) of the NHWC array t, where pixel_ok and c_ok hold."""
+    out = pixel.to(tl.int64) * C
+    tl.store(t + out[:, None] + c[None, :], values.to(t.dtype.element_ty), mask=pixel_ok[:, None] & c_ok[None, :])

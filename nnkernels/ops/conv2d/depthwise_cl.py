@@ -12,7 +12,7 @@ import triton.language as tl
 from ...kernel import kernel_object
 from ..common.checks import check_grid_3d, check_numel
 from ..common.host_math import cdiv
-from ..common.tiles import nhwc_pixels, zero_tiles
+from ..common.tiles import load_nhwc, nhwc_pixels, store_nhwc, zero_tiles
 from .checks import check_conv_launch
 from .depthwise import _depthwise_sizes
 from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
@@ -64,19 +64,14 @@ def conv2d_depthwise_cl_forward(
     c_ok = c < C
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for kh in tl.static_range(KH):
-        ih = oh * STRIDE_H - PAD_H + kh * DIL_H
-        row_ok = q_ok & (ih >= 0) & (ih < H)
         for kw in tl.static_range(KW):
-            iw = ow * STRIDE_W - PAD_W + kw * DIL_W
-            inside = row_ok & (iw >= 0) & (iw < W)
-            pixel = ((b * H + ih) * W + iw).to(tl.int64) * C
-            xv = tl.load(x + pixel[:, None] + c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+            xv = load_nhwc(x, b, oh * STRIDE_H - PAD_H + kh * DIL_H, ow * STRIDE_W - PAD_W + kw * DIL_W, c, H, W, C,
+                           q_ok, c_ok)
             wv = tl.load(w + c * (KH * KW) + (kh * KW + kw), mask=c_ok, other=0.0)
             acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    out = q.to(tl.int64) * C
-    tl.store(y + out[:, None] + c[None, :], acc.to(y.dtype.element_ty), mask=q_ok[:, None] & c_ok[None, :])
+    store_nhwc(y, q, c, C, acc, q_ok, c_ok)
 
 
 Conv2dDepthwiseClForward = kernel_object(
@@ -85,7 +80,7 @@ Conv2dDepthwiseClForward = kernel_object(
     entry=conv2d_depthwise_cl_forward_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS",),
-    helpers=(nhwc_pixels,),
+    helpers=(nhwc_pixels, load_nhwc, store_nhwc),
 )
 
 
@@ -112,18 +107,14 @@ def conv2d_depthwise_cl_dx(
     for kh in tl.static_range(KH):
         th = ih + PAD_H - kh * DIL_H
         oh = th // STRIDE_H
-        # th < 0 gives no window; its quotient (rounded either way) is masked off with it.
-        row_ok = q_ok & (th >= 0) & (oh * STRIDE_H == th) & (oh < OH)
+        # th < 0 gives no window: its quotient, rounded either way, is negative or misses th, masked off.
         for kw in tl.static_range(KW):
             tw = iw + PAD_W - kw * DIL_W
             ow = tw // STRIDE_W
-            inside = row_ok & (tw >= 0) & (ow * STRIDE_W == tw) & (ow < OW)
-            pixel = ((b * OH + oh) * OW + ow).to(tl.int64) * C
-            dyv = tl.load(dy + pixel[:, None] + c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+            dyv = load_nhwc(dy, b, oh, ow, c, OH, OW, C, q_ok & (oh * STRIDE_H == th) & (ow * STRIDE_W == tw), c_ok)
             wv = tl.load(w + c * (KH * KW) + (kh * KW + kw), mask=c_ok, other=0.0)
             acc += dyv.to(tl.float32) * wv.to(tl.float32)[None, :]
-    out = q.to(tl.int64) * C
-    tl.store(dx + out[:, None] + c[None, :], acc.to(dx.dtype.element_ty), mask=q_ok[:, None] & c_ok[None, :])
+    store_nhwc(dx, q, c, C, acc, q_ok, c_ok)
 
 
 Conv2dDepthwiseClDx = kernel_object(
@@ -131,7 +122,7 @@ Conv2dDepthwiseClDx = kernel_object(
     example=(3, 3, 1, 1, 1, 1, 1, 1, 32, 64),
     entry=conv2d_depthwise_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
-    helpers=(nhwc_pixels,),
+    helpers=(nhwc_pixels, load_nhwc, store_nhwc),
 )
 
 
@@ -165,13 +156,9 @@ def conv2d_depthwise_cl_dw(
         bias_sum += tl.sum(dyv, axis=0)[None, :]
         new_sums = ()
         for kh in tl.static_range(KH):
-            ih = oh * STRIDE_H - PAD_H + kh * DIL_H
-            row_ok = q_ok & (ih >= 0) & (ih < H)
             for kw in tl.static_range(KW):
-                iw = ow * STRIDE_W - PAD_W + kw * DIL_W
-                inside = row_ok & (iw >= 0) & (iw < W)
-                pixel = ((b * H + ih) * W + iw).to(tl.int64) * C
-                xv = tl.load(x + pixel[:, None] + c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+                xv = load_nhwc(x, b, oh * STRIDE_H - PAD_H + kh * DIL_H, ow * STRIDE_W - PAD_W + kw * DIL_W, c, H, W,
+                               C, q_ok, c_ok)
                 new_sums = new_sums + (sums[kh * KW + kw] + tl.sum(dyv * xv.to(tl.float32), axis=0)[None, :],)
         sums = new_sums
     row = partial_row(partial, split, C * KH * KW, C, HAS_BIAS)
@@ -188,5 +175,5 @@ Conv2dDepthwiseClDw = kernel_object(
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS",),
-    helpers=(nhwc_pixels, zero_tiles, *PARTIAL_ROW_HELPERS),
+    helpers=(nhwc_pixels, load_nhwc, zero_tiles, *PARTIAL_ROW_HELPERS),
 )
