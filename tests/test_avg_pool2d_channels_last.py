@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from nnkernels.functional import avg_pool2d
 from nnkernels.functional.common import last_kernels
-from nnkernels.functional.pooling_algorithms import channels_last_candidates
+from nnkernels.functional.nhwc_tiles import nhwc_tiles
 from nnkernels.machine import INTERPRETER
 from nnkernels.ops.avg_pool2d.channels_last import AvgPool2dClBackward, AvgPool2dClForward
 from nnkernels.ops.avg_pool2d.gather import uniform_divisor
@@ -92,7 +92,7 @@ def test_bad_launch_raises_and_writes_nothing():
 def test_candidates_cover_the_channels_and_stay_within_the_pixels():
     for pixels, channels in ((3, 5), (100_000, 256), (49, 2048)):
         for machine in (GPU, INTERPRETER):
-            configs = channels_last_candidates(pixels, channels, machine)
+            configs = nhwc_tiles(pixels, channels, machine)
             assert configs and len(set(configs)) == len(configs)
             for config in configs:
                 assert config.block_c <= 64 and config.block_c >= min(channels, 64)

@@ -3,7 +3,7 @@
 Where its contract holds (rows of vector loads, windows within a group's reach; the backward only for one
 divisor for every window), a pass takes the lanes kernel, tuned over `LanesConfig`s; otherwise the gather
 kernel, which takes every case, with one `GatherConfig` from a rule. On channels-last tensors a pass takes the
-channels-last kernels, tuned over `ChannelsLastPoolConfig`s.
+channels-last kernels, tuned over `ChannelsLastTile`s.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from ..ops.avg_pool2d.lanes import (AvgPool2dLanesBackward, AvgPool2dLanesForwar
                                     backward_lanes, backward_src_vec, forward_lane_widths, forward_lanes)
 from ..ops.common.host_math import cdiv, next_power_of_2
 from .common import allocator, channels_last_allocator, kernel, stored_config
+from .nhwc_tiles import ChannelsLastTile, nhwc_tiles
 
 INTERPRETER_TILE = 2**16
 
@@ -162,29 +163,6 @@ class PoolingPass:
         return run
 
 
-@dataclass(frozen=True)
-class ChannelsLastPoolConfig:
-    """A channels-last pooling launch: `block_p` pixels by `block_c` channels per program, `num_warps`."""
-
-    block_p: int
-    block_c: int
-    num_warps: int
-
-
-# Elements of a channels-last program's tile on the GPU (the first guess first); channels of a pixel it reads.
-CHANNELS_LAST_TILES = (2048, 1024, 4096)
-WIDEST_CHANNELS = 64
-
-
-def channels_last_candidates(pixels, channels, machine) -> list[ChannelsLastPoolConfig]:
-    """Tiles over `pixels` written pixels of `channels` channels: up to WIDEST_CHANNELS channels, then pixels up to
-    each of CHANNELS_LAST_TILES elements (the interpreter: one large tile)."""
-    block_c = min(next_power_of_2(channels), WIDEST_CHANNELS)
-    sizes = CHANNELS_LAST_TILES if machine.gpu else (INTERPRETER_TILE,)
-    return list(dict.fromkeys(ChannelsLastPoolConfig(max(1, min(size // block_c, next_power_of_2(pixels))), block_c, 4)
-                              for size in sizes))
-
-
 class ChannelsLastPoolingPass:
     """`PoolingPass` on channels-last tensors: x and y (dy and dx) read and written as the NHWC arrays they store,
     by `AvgPool2dClForward` or `AvgPool2dClBackward`."""
@@ -202,10 +180,10 @@ class ChannelsLastPoolingPass:
                        uniform_divisor(options, H, W, OH, OW))
         self.pixels = batch * (H * W if direction == "backward" else OH * OW)
         self.kind = f"avg_pool2d_nhwc_{direction}"
-        self.decode = stored_config(ChannelsLastPoolConfig)
+        self.decode = stored_config(ChannelsLastTile)
 
     def candidates(self):
-        return channels_last_candidates(self.pixels, self.sizes[1], self.machine)
+        return nhwc_tiles(self.pixels, self.sizes[1], self.machine)
 
     def kernel(self, config):
         cls = AvgPool2dClBackward if self.direction == "backward" else AvgPool2dClForward

@@ -3,43 +3,14 @@ the channels-last tensors where they lie, where the NCHW depthwise kernels run t
 stand in one tier, so tuning times them against each other."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ...launcher import Launcher
 from ...ops.conv2d.depthwise_cl import Conv2dDepthwiseClDw, Conv2dDepthwiseClDx, Conv2dDepthwiseClForward
 from ..common import channels_last_allocator
-from .base import Algorithm, clamp_pow2, make_kernel, register
+from ..nhwc_tiles import ChannelsLastTile, nhwc_tiles
+from .base import Algorithm, make_kernel, register
 from .partials import reduce_kernel, split_weight_gradient
 
-# Elements of a program's [BLOCK_P, BLOCK_C] tile on the GPU (each a first guess, then the others), and in the
-# interpreter, which pays per program.
-GPU_TILES = (2048, 1024, 4096)
-INTERPRETER_TILE = 2**15
-WIDEST_CHANNELS = 64  # channels of a pixel one program reads: 128 bytes of bf16
 MOST_DW_SPLIT = 1024  # most fp32 partial rows of dw (each C*(KH*KW+1) floats)
-
-
-@dataclass(frozen=True)
-class ChannelsLastTile:
-    """A program's BLOCK_P pixels by BLOCK_C channels, with `num_warps` warps."""
-
-    block_p: int
-    block_c: int
-    num_warps: int
-
-
-def tiles(p, pixels: int) -> list[ChannelsLastTile]:
-    """Tiles over `pixels` pixels of p's C channels: as many channels as a pixel has up to WIDEST_CHANNELS,
-    then pixels up to each of GPU_TILES elements (the interpreter: one large tile)."""
-    block_c = clamp_pow2(p.C_IN, 1, WIDEST_CHANNELS)
-    sizes = GPU_TILES if p.machine.gpu else (INTERPRETER_TILE,)
-    found = [ChannelsLastTile(clamp_pow2(pixels, 1, max(1, size // block_c)), block_c, 4) for size in sizes]
-    return list(dict.fromkeys(found))
-
-
-def _kernel(p, cls, flags, tile):
-    return make_kernel(cls, p.geometry + flags + (tile.block_p, tile.block_c), p, num_warps=tile.num_warps,
-                       num_stages=1)
 
 
 def _stored(t):
@@ -48,21 +19,29 @@ def _stored(t):
 
 
 class _DepthwiseChannelsLast(Algorithm):
+    """A pass whose `kernel_class` launch (and, for dw, a reduce) tiles `pixels(p)` pixels, with the HAS_BIAS
+    flag where `takes_bias`."""
     config_type = ChannelsLastTile
     channels_last_input = True
 
     def applies(self, p):
         return p.depthwise and p.nhwc
 
+    def candidates(self, p):
+        return nhwc_tiles(self.pixels(p), p.C_IN, p.machine)
+
+    def kernels(self, p, tile):
+        flags = (p.has_bias,) if self.takes_bias else ()
+        return [make_kernel(self.kernel_class, p.geometry + flags + (tile.block_p, tile.block_c), p,
+                            num_warps=tile.num_warps, num_stages=1)]
+
 
 class DepthwiseClForward(_DepthwiseChannelsLast):
     name = "depthwise_cl_forward"
+    kernel_class, takes_bias = Conv2dDepthwiseClForward, True
 
-    def candidates(self, p):
-        return tiles(p, p.B * p.OH * p.OW)
-
-    def kernels(self, p, tile):
-        return [_kernel(p, Conv2dDepthwiseClForward, (p.has_bias,), tile)]
+    def pixels(self, p):
+        return p.B * p.OH * p.OW
 
     def runner(self, p, tile):
         launch, new, shape, sizes = Launcher(self.kernels(p, tile)[0]), channels_last_allocator(p.dtype, p.device), \
@@ -79,12 +58,10 @@ class DepthwiseClForward(_DepthwiseChannelsLast):
 
 class DepthwiseClDx(_DepthwiseChannelsLast):
     name = "depthwise_cl_dx"
+    kernel_class, takes_bias = Conv2dDepthwiseClDx, False
 
-    def candidates(self, p):
-        return tiles(p, p.B * p.H * p.W)
-
-    def kernels(self, p, tile):
-        return [_kernel(p, Conv2dDepthwiseClDx, (), tile)]
+    def pixels(self, p):
+        return p.B * p.H * p.W
 
     def runner(self, p, tile):
         launch, new, shape, sizes = Launcher(self.kernels(p, tile)[0]), channels_last_allocator(p.dtype, p.device), \
@@ -100,12 +77,13 @@ class DepthwiseClDx(_DepthwiseChannelsLast):
 
 class DepthwiseClDw(_DepthwiseChannelsLast):
     name = "depthwise_cl_dw"
+    kernel_class, takes_bias = Conv2dDepthwiseClDw, True
 
-    def candidates(self, p):
-        return tiles(p, p.B * p.OH * p.OW)
+    def pixels(self, p):
+        return p.B * p.OH * p.OW
 
     def kernels(self, p, tile):
-        return [_kernel(p, Conv2dDepthwiseClDw, (p.has_bias,), tile), reduce_kernel(p, p.has_bias)]
+        return super().kernels(p, tile) + [reduce_kernel(p, p.has_bias)]
 
     def runner(self, p, tile):
         product, reduce = (Launcher(k) for k in self.kernels(p, tile))
