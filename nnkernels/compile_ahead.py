@@ -4,14 +4,15 @@ not compile its kernels one after another as its first step reaches them.
 `convert` puts a `CompileAhead` forward pre-hook on the model it returns. At the model's first eager forward on a
 GPU it starts what `warmup` starts: the kernels of every convolution of one forward and backward (their shapes
 from a pass on the meta device) compiling in background processes, the last convolution first, while the step
-runs from the first and loads what they have built. At the model's next forward, the first step being done, it
-stops them. A set of convolutions once compiled whole leaves a marker in Triton's cache directory (keyed by the
+runs from the first and loads what they have built. At the model's next forward, the first step being done, or at
+the process's exit, whichever comes first, it stops them. A set of convolutions once compiled whole leaves a marker in Triton's cache directory (keyed by the
 shapes, dtype, GPU, versions, kernels' code and this machine's tuning cache), and a later process with that marker
 starts no processes. `NNKERNELS_COMPILE_AHEAD=off` turns it off; under torch.compile, in Triton's interpreter and
 for inputs not on a GPU it does nothing.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import logging
@@ -70,7 +71,15 @@ class CompileAhead:
         if self.forwards == 1:
             with suppressed():
                 self.compiling, self.key = _start(model, args)
-        elif self.compiling is not None:
+            if self.compiling is not None:
+                # A process that runs one step (a benchmark, a first try) ends before a second forward.
+                atexit.register(self.finish)
+        else:
+            self.finish()
+
+    def finish(self):
+        """Stop the workers (once), leaving the marker where they had compiled every shape."""
+        if self.compiling is not None:
             _finish(self.compiling, self.key)
             self.compiling = None
 

@@ -66,6 +66,20 @@ def test_the_first_forward_starts_compiling_the_steps_convolutions_and_the_next_
     assert len(ahead) == 1
 
 
+def test_a_process_that_ends_after_one_step_stops_the_workers_and_leaves_the_marker(ahead, monkeypatch):
+    at_exit = []
+    monkeypatch.setattr(compile_ahead.atexit, "register", at_exit.append)
+    model, x = _model(), randn(2, 3, 8, 8)
+    model(x).sum().backward()
+    assert len(at_exit) == 1 and not ahead[0].stopped
+    at_exit[0]()
+    assert ahead[0].stopped
+    at_exit[0]()  # the second forward and the exit both finish: only the first does anything
+    model(x)
+    _model()(x)
+    assert len(ahead) == 1
+
+
 def test_workers_stopped_before_they_finished_leave_no_marker(ahead, monkeypatch):
     monkeypatch.setattr(FakeCompiling, "finished", lambda self: False)
     x = randn(2, 3, 8, 8)
