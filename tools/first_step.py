@@ -8,6 +8,7 @@ NNKERNELS_CACHE_DIR at empty directories for a cold start.
 """
 import argparse
 import json
+import logging
 import time
 
 began = time.perf_counter()
@@ -20,6 +21,7 @@ def main(argv=None):
     parser.add_argument("way", choices=["torch", "ours", "ours-warmup"])
     parser.add_argument("--model", default="resnet50")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # what nnkernels says it is compiling
     import torchvision
 
     from nnkernels.bench.models import BATCH, IMAGE_SIZE, NUM_CLASSES, make_step
