@@ -36,43 +36,49 @@ class _DepthwiseChannelsLast(Algorithm):
                             num_warps=tile.num_warps, num_stages=1)]
 
 
-class DepthwiseClForward(_DepthwiseChannelsLast):
+class _OneLaunch(_DepthwiseChannelsLast):
+    """A pass of one launch into a new channels-last tensor of `output_shape(p)`, its arguments `arguments(...)`."""
+
+    def runner(self, p, tile):
+        launch, new = Launcher(self.kernels(p, tile)[0]), channels_last_allocator(p.dtype, p.device)
+        shape, sizes, arguments = self.output_shape(p), p.launch_sizes, self.arguments
+
+        def run(first, weight, third):
+            out = new(*shape)
+            launch(*arguments(first, weight, third, _stored(out)), *sizes)
+            return out
+
+        return run
+
+
+class DepthwiseClForward(_OneLaunch):
     name = "depthwise_cl_forward"
     kernel_class, takes_bias = Conv2dDepthwiseClForward, True
 
     def pixels(self, p):
         return p.B * p.OH * p.OW
 
-    def runner(self, p, tile):
-        launch, new, shape, sizes = Launcher(self.kernels(p, tile)[0]), channels_last_allocator(p.dtype, p.device), \
-            p.y_shape, p.launch_sizes
+    def output_shape(self, p):
+        return p.y_shape
 
-        def run(x, weight, bias):
-            y = new(*shape)
-            out = _stored(y)
-            launch(_stored(x), weight, out if bias is None else bias, out, *sizes)
-            return y
-
-        return run
+    @staticmethod
+    def arguments(x, weight, bias, y):
+        return _stored(x), weight, y if bias is None else bias, y
 
 
-class DepthwiseClDx(_DepthwiseChannelsLast):
+class DepthwiseClDx(_OneLaunch):
     name = "depthwise_cl_dx"
     kernel_class, takes_bias = Conv2dDepthwiseClDx, False
 
     def pixels(self, p):
         return p.B * p.H * p.W
 
-    def runner(self, p, tile):
-        launch, new, shape, sizes = Launcher(self.kernels(p, tile)[0]), channels_last_allocator(p.dtype, p.device), \
-            p.x_shape, p.launch_sizes
+    def output_shape(self, p):
+        return p.x_shape
 
-        def run(dy, weight, dy_cl):
-            dx = new(*shape)
-            launch(_stored(dy), weight, _stored(dx), *sizes)
-            return dx
-
-        return run
+    @staticmethod
+    def arguments(dy, weight, dy_cl, dx):
+        return _stored(dy), weight, dx
 
 
 class DepthwiseClDw(_DepthwiseChannelsLast):
