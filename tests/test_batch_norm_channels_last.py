@@ -8,7 +8,8 @@ from nnkernels import tuning
 from nnkernels.functional import batchnorm as bn
 from nnkernels.functional import batchnorm_nhwc as nhwc
 from nnkernels.functional import clear_plans, last_kernels
-from nnkernels.ops.batch_norm.channels_last import BatchNorm2dNhwcNormalize, BatchNorm2dNhwcPartialStats
+from nnkernels.ops.batch_norm.channels_last import (BatchNorm2dNhwcFusedForward, BatchNorm2dNhwcNormalize,
+                                                    BatchNorm2dNhwcPartialStats)
 from support import (BN_STATS_TOLERANCE, DEVICE, DTYPES, assert_close, batch_norm_train_ops_match, dtype_id, poisoned,
                      randn)
 
@@ -22,9 +23,19 @@ def _channels_last(t):
 def _many_chunks(monkeypatch):
     """Tiles of 4 rows by 8 channels aiming at 12 programs, and merges 2 partials a step: several chunks per
     channel block, several merge steps, channels and rows that do not fill their last tiles."""
-    monkeypatch.setattr(nhwc, "nhwc_candidates", lambda C, machine: [nhwc.NhwcConfig(4, 8, 12, 4)])
+    _only(monkeypatch, nhwc.NhwcConfig(4, 8, 12, 4))
     monkeypatch.setattr(nhwc, "MERGE_PARTIALS", 2)
+
+
+def _only(monkeypatch, config):
+    monkeypatch.setattr(nhwc, "nhwc_candidates", lambda C, machine, rows: [config])
     clear_plans()
+
+
+# The split passes in one chunk, in many, and the fused single launches stepping 4 rows over 8 channels.
+SPLITS = {"one chunk": lambda monkeypatch: _only(monkeypatch, nhwc.NhwcConfig(2**10, 32, 1, 4)),
+          "many chunks": _many_chunks,
+          "fused": lambda monkeypatch: _only(monkeypatch, nhwc.NhwcConfig(4, 8, 0, 4, True))}
 
 
 def _reference(x, weight, bias, dy, training, running_mean, running_var, momentum=0.1, eps=1e-5):
@@ -34,12 +45,11 @@ def _reference(x, weight, bias, dy, training, running_mean, running_var, momentu
     return y64, x64.grad, w64.grad, b64.grad
 
 
-@pytest.mark.parametrize("split", ["one chunk", "many chunks"])
+@pytest.mark.parametrize("split", list(SPLITS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_channels_last_batch_norm_matches_float64(training, dtype, split, monkeypatch, poisoned_outputs):
-    if split == "many chunks":
-        _many_chunks(monkeypatch)
+    SPLITS[split](monkeypatch)
     B, C, H, W = 3, 20, 5, 7
     x = _channels_last((randn(B, C, H, W) * 2 + 3).to(dtype)).requires_grad_()
     weight, bias = randn(C).requires_grad_(), randn(C).requires_grad_()
@@ -64,11 +74,14 @@ def test_channels_last_batch_norm_matches_float64(training, dtype, split, monkey
     assert all(("nhwc" in k) == training for k in launched[f"{mode}_backward"]), launched
     if training:
         assert x.grad.is_contiguous(memory_format=CL)
+        assert len(forward) == len(launched["train_backward"]) == (1 if split == "fused" else 3)
 
 
-def test_channels_last_statistics_are_stable_far_from_zero(monkeypatch):
-    """Mean 1e4, std 1e-2 in fp32, over several chunks: a one-pass sum of squares would lose every digit."""
-    _many_chunks(monkeypatch)
+@pytest.mark.parametrize("split", ["many chunks", "fused"])
+def test_channels_last_statistics_are_stable_far_from_zero(split, monkeypatch):
+    """Mean 1e4, std 1e-2 in fp32, over several chunks or in one launch: a one-pass sum of squares would lose
+    every digit."""
+    SPLITS[split](monkeypatch)
     B, C, H, W = 4, 10, 6, 5
     x = _channels_last(randn(B, C, H, W) * 1e-2 + 1e4)
     _, mean, rstd, var_unbiased = bn.batch_norm_train_op(x, None, None, 0.0)
@@ -87,8 +100,9 @@ def test_every_channels_last_candidate_is_correct(dtype, monkeypatch, gpu_lists)
     weight, bias, dy = randn(C), randn(C), _channels_last(randn(B, C, H, W, dtype=dtype))
     zeros, ones = (torch.full((C,), v, dtype=torch.float64, device=DEVICE) for v in (0.0, 1.0))
     y64, dx64, dw64, db64 = _reference(x, weight, bias, dy, True, zeros, ones)
-    candidates = nhwc.nhwc_candidates(C, gpu_lists)
-    assert len(set(candidates)) == len(candidates) >= 4
+    candidates = nhwc.nhwc_candidates(C, gpu_lists, B * H * W)
+    assert len(set(candidates)) == len(candidates) >= 4 and candidates[0].fused
+    assert not any(c.fused for c in nhwc.nhwc_candidates(C, gpu_lists, nhwc.FUSED_ROWS + 1))
     launched = set()
     for index in range(len(candidates)):
         def pick(kind, key, listed, run, decode, i=index):
@@ -105,8 +119,9 @@ def test_every_channels_last_candidate_is_correct(dtype, monkeypatch, gpu_lists)
     assert len(launched) >= 4, launched  # some candidates differ only in programs, which this size does not fill
 
 
-def test_channels_last_batch_norm_is_bitwise_reproducible(monkeypatch):
-    _many_chunks(monkeypatch)
+@pytest.mark.parametrize("split", ["many chunks", "fused"])
+def test_channels_last_batch_norm_is_bitwise_reproducible(split, monkeypatch):
+    SPLITS[split](monkeypatch)
     B, C, H, W = 3, 20, 5, 7
     x = _channels_last(randn(B, C, H, W) * 2 + 3)
     dy = _channels_last(randn(B, C, H, W))
@@ -154,3 +169,12 @@ def test_channels_last_launches_check_sizes_and_write_nothing():
     with pytest.raises(ValueError, match="ROWS_PER_CHUNK"):
         stats_kernel.launch(x, partials, M, C, 0, C * 2)
     assert torch.isnan(partials).all()
+    outputs = [poisoned(C) for _ in range(3)]  # mean, rstd, var_unbiased
+    fused = BatchNorm2dNhwcFusedForward(4, 8, False)
+    with pytest.raises(ValueError, match="y"):
+        fused.launch(x, y[:-1], *stats[:2], *outputs, *outputs[:2], M, C, 1e-5, 0.1)
+    with pytest.raises(ValueError, match="var_unbiased"):
+        fused.launch(x, y, *stats[:2], *outputs[:2], poisoned(C - 1), *outputs[:2], M, C, 1e-5, 0.1)
+    with pytest.raises(ValueError, match="eps"):
+        fused.launch(x, y, *stats[:2], *outputs, *outputs[:2], M, C, -1.0, 0.1)
+    assert torch.isnan(y).all() and all(torch.isnan(t).all() for t in outputs)

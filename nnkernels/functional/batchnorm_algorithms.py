@@ -379,7 +379,7 @@ class BatchNormProblem:
         """The configs tuning chooses among for `step`, and how a stored one is read back."""
         if self.nhwc:
             if step in SPLIT_SHAPES:
-                return (lambda: nhwc.nhwc_candidates(self.dims[1], self.machine)), stored_config(nhwc.NhwcConfig)
+                return (lambda: nhwc.nhwc_candidates(self.dims[1], self.machine, self.rows)), stored_config(nhwc.NhwcConfig)
             return (lambda: [None]), None  # the evaluation forward: one elementwise launch
         if self.fused:
             grouped = lambda: grouped_candidates(*self.dims, self.element_size, self.machine, step=step)  # noqa: E731

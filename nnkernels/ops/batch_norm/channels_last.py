@@ -4,7 +4,8 @@ A tile is BLOCK_M rows by BLOCK_C consecutive channels: every row a contiguous r
 apart. A reduction over M takes three launches: a split pass writes per-chunk partials (program (cb, chunk) owns
 channels cb*BLOCK_C.. and rows [chunk*ROWS_PER_CHUNK, (chunk+1)*ROWS_PER_CHUNK)), a merge pass combines each
 channel's partials in one fixed order (results bitwise reproducible), and an elementwise pass over [M, C] tiles
-applies them. Partials are fp32, [C, chunks] per row of one `partials` buffer, the rows ROW_STRIDE apart.
+applies them. Partials are fp32, [C, chunks] per row of one `partials` buffer, the rows ROW_STRIDE apart. Where M
+is small, one launch does it all: each program walks every row of its channels (`batch_norm2d_nhwc_fused_*`).
 
 Forward:    mean, var = batch mean and biased variance; rstd = 1/sqrt(var + eps);
             y = (x - mean) * weight * rstd + bias; also saved: mean, rstd, var * M/(M-1).
@@ -69,6 +70,16 @@ def merge_entry(rows):
         return (cdiv(a.C, k.block_c),)
 
     return entry
+
+
+def fused_entry(k, a):
+    """A pass whose programs each walk all M rows of BLOCK_C channels: grid [cdiv(C, BLOCK_C)]."""
+    _check_rows(a, ("x", "y", "dy", "dx"))
+    _check_channels(a, ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias", "running_mean",
+                        "running_var"))
+    if hasattr(a, "eps") and not a.eps >= 0:
+        raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
+    return (cdiv(a.C, k.block_c),)
 
 
 def elementwise_entry(k, a):
@@ -312,6 +323,97 @@ def batch_norm2d_nhwc_backward_dx(
     tl.store(dx + offsets, dxv.to(dx.dtype.element_ty), mask=inside)
 
 
+@triton.jit
+def batch_norm2d_nhwc_fused_forward(
+    x, y, weight, bias, mean, rstd, var_unbiased, running_mean, running_var, M, C, eps, momentum,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, UPDATE_RUNNING: tl.constexpr,
+):
+    """Training forward in one launch, for an M that one program walks in little time.
+
+    Grid: [cdiv(C, BLOCK_C)]. Program cb walks rows 0..M of channels cb*BLOCK_C.. BLOCK_M rows at a time, three
+    times: m = sum(x - x[0, c]) / M and mean = x[0, c] + m; M2 = sum((x - x[0, c] - m)^2) (shifted, and in two
+    passes, so that a mean far from zero against its spread keeps its digits); then
+    y = (x - mean) * (weight * rstd) + bias with rstd = 1/sqrt(M2/M + eps). Writes mean, rstd and
+    var_unbiased = M2/(M - 1); with UPDATE_RUNNING, running = (1 - momentum) * running + momentum * statistic
+    (mean; var_unbiased) in place (without it the running pointers are not touched). Every y is written.
+    """
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_in = c < C
+    shift = tl.load(x + c, mask=c_in, other=0.0).to(tl.float32)
+    lane_sum = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+    for row0 in range(0, M, BLOCK_M):
+        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C)
+        lane_sum += tl.where(inside, tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32) - shift[None, :],
+                             0.0)
+    count = tl.cast(M, tl.float32)
+    shifted_mean = tl.sum(lane_sum, axis=0) / count
+    lane_m2 = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+    for row0 in range(0, M, BLOCK_M):
+        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C)
+        deviation = tl.where(inside, tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32) - shift[None, :]
+                             - shifted_mean[None, :], 0.0)
+        lane_m2 += deviation * deviation
+    m2 = tl.sum(lane_m2, axis=0)
+    batch_mean = shift + shifted_mean
+    variance = tl.where(c_in, m2 / count, 1.0)  # 1 past C: no division by zero where eps is 0
+    channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(variance + eps))
+    batch_var_unbiased = m2 / tl.maximum(count - 1.0, 1.0)  # the op refuses one value per channel in training
+    tl.store(mean + c, batch_mean, mask=c_in)
+    tl.store(rstd + c, channel_rstd, mask=c_in)
+    tl.store(var_unbiased + c, batch_var_unbiased, mask=c_in)
+    if UPDATE_RUNNING:
+        old_mean = tl.load(running_mean + c, mask=c_in)
+        old_var = tl.load(running_var + c, mask=c_in)
+        tl.store(running_mean + c, (1.0 - momentum) * old_mean + momentum * batch_mean, mask=c_in)
+        tl.store(running_var + c, (1.0 - momentum) * old_var + momentum * batch_var_unbiased, mask=c_in)
+    scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
+    shift = tl.load(bias + c, mask=c_in, other=0.0)
+    for row0 in range(0, M, BLOCK_M):
+        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C)
+        xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+        yv = (xv - batch_mean[None, :]) * scale[None, :] + shift[None, :]
+        tl.store(y + offsets, yv.to(y.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def batch_norm2d_nhwc_fused_backward(
+    dy, x, dx, weight, mean, rstd, dweight, dbias, M, C,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Training backward in one launch, for an M that one program walks in little time.
+
+    Grid: [cdiv(C, BLOCK_C)]. Program cb walks rows 0..M of channels cb*BLOCK_C.. BLOCK_M rows at a time, twice:
+    dbias = sum(dy), dweight = rstd * sum(dy * (x - mean)), written; then
+    dx = weight*rstd*(dy - dbias/M) - (x - mean) * weight*rstd^2 * dweight/M, in fp32. Every dx is written.
+    """
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_in = c < C
+    channel_mean = tl.load(mean + c, mask=c_in, other=0.0)
+    channel_rstd = tl.load(rstd + c, mask=c_in, other=0.0)
+    lane_dy = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+    lane_dy_xmu = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+    for row0 in range(0, M, BLOCK_M):
+        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C)
+        dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
+        xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+        lane_dy += dyv
+        lane_dy_xmu += dyv * tl.where(inside, xv - channel_mean[None, :], 0.0)
+    sum_dy = tl.sum(lane_dy, axis=0)
+    channel_dweight = tl.sum(lane_dy_xmu, axis=0) * channel_rstd
+    tl.store(dbias + c, sum_dy, mask=c_in)
+    tl.store(dweight + c, channel_dweight, mask=c_in)
+    count = tl.cast(M, tl.float32)
+    dy_scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
+    dy_shift = dy_scale * sum_dy / count
+    xmu_scale = dy_scale * channel_rstd * channel_dweight / count
+    for row0 in range(0, M, BLOCK_M):
+        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C)
+        dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
+        xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+        dxv = dyv * dy_scale[None, :] - dy_shift[None, :] - (xv - channel_mean[None, :]) * xmu_scale[None, :]
+        tl.store(dx + offsets, dxv.to(dx.dtype.element_ty), mask=inside)
+
+
 _STATS = {n: F32 for n in ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias", "running_mean",
                            "running_var", "partials")}
 _ELEMENTWISE = (elementwise_tile, nhwc_tile)
@@ -337,3 +439,9 @@ BatchNorm2dNhwcMergeGradSums = kernel_object(
 BatchNorm2dNhwcBackwardDx = kernel_object(
     batch_norm2d_nhwc_backward_dx, entry=elementwise_entry, example=(32, 64), pointer_dtypes=_STATS,
     helpers=_ELEMENTWISE)
+BatchNorm2dNhwcFusedForward = kernel_object(
+    batch_norm2d_nhwc_fused_forward, entry=fused_entry, example=(32, 64, True), floats=("eps", "momentum"),
+    pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",), helpers=(nhwc_tile,))
+BatchNorm2dNhwcFusedBackward = kernel_object(
+    batch_norm2d_nhwc_fused_backward, entry=fused_entry, example=(32, 64), pointer_dtypes=_STATS,
+    helpers=(nhwc_tile,))
