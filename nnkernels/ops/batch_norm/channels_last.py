@@ -122,6 +122,26 @@ def normalize_tile(x, y, weight, bias, mean, channel_rstd, c, c_in, offsets, ins
 
 
 @triton.jit
+def store_statistics(mean, rstd, var_unbiased, running_mean, running_var, c, c_in, batch_mean, m2, count, eps,
+                     momentum, UPDATE_RUNNING: tl.constexpr):
+    """Writes mean[c] = batch_mean, rstd[c] = 1/sqrt(M2/n + eps) and var_unbiased[c] = M2/(n - 1) of the channels c
+    where c_in (n = count); with UPDATE_RUNNING, running = (1 - momentum) * running + momentum * statistic (mean;
+    var_unbiased) in place, as torch does (without it the running pointers are not touched). Returns rstd."""
+    batch_var_unbiased = m2 / tl.maximum(count - 1.0, 1.0)  # the op refuses one value per channel in training
+    tl.store(mean + c, batch_mean, mask=c_in)
+    variance = tl.where(c_in, m2 / count, 1.0)  # 1 past C: no division by zero where eps is 0
+    channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(variance + eps))
+    tl.store(rstd + c, channel_rstd, mask=c_in)
+    tl.store(var_unbiased + c, batch_var_unbiased, mask=c_in)
+    if UPDATE_RUNNING:
+        old_mean = tl.load(running_mean + c, mask=c_in)
+        old_var = tl.load(running_var + c, mask=c_in)
+        tl.store(running_mean + c, (1.0 - momentum) * old_mean + momentum * batch_mean, mask=c_in)
+        tl.store(running_var + c, (1.0 - momentum) * old_var + momentum * batch_var_unbiased, mask=c_in)
+    return channel_rstd
+
+
+@triton.jit
 def batch_norm2d_nhwc_partial_stats(
     x, partials, M, C, ROWS_PER_CHUNK, ROW_STRIDE,
     BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -202,16 +222,8 @@ def batch_norm2d_nhwc_merge_stats(
     count = tl.maximum(count, 1.0)
     m2 = m2 - residual * residual / count
     batch_mean = tl.load(x + c, mask=c_in, other=0.0).to(tl.float32) + (rough_mean + residual / count)
-    batch_var_unbiased = m2 / tl.maximum(count - 1.0, 1.0)  # the op refuses one value per channel in training
-    tl.store(mean + c, batch_mean, mask=c_in)
-    variance = tl.where(c_in, m2 / count, 1.0)  # 1 past C: no division by zero where eps is 0
-    tl.store(rstd + c, tl.div_rn(1.0, tl.sqrt_rn(variance + eps)), mask=c_in)
-    tl.store(var_unbiased + c, batch_var_unbiased, mask=c_in)
-    if UPDATE_RUNNING:
-        old_mean = tl.load(running_mean + c, mask=c_in)
-        old_var = tl.load(running_var + c, mask=c_in)
-        tl.store(running_mean + c, (1.0 - momentum) * old_mean + momentum * batch_mean, mask=c_in)
-        tl.store(running_var + c, (1.0 - momentum) * old_var + momentum * batch_var_unbiased, mask=c_in)
+    store_statistics(mean, rstd, var_unbiased, running_mean, running_var, c, c_in, batch_mean, m2, count, eps, momentum,
+                     UPDATE_RUNNING)
 
 
 @triton.jit
@@ -355,17 +367,8 @@ def batch_norm2d_nhwc_fused_forward(
         lane_m2 += deviation * deviation
     m2 = tl.sum(lane_m2, axis=0)
     batch_mean = shift + shifted_mean
-    variance = tl.where(c_in, m2 / count, 1.0)  # 1 past C: no division by zero where eps is 0
-    channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(variance + eps))
-    batch_var_unbiased = m2 / tl.maximum(count - 1.0, 1.0)  # the op refuses one value per channel in training
-    tl.store(mean + c, batch_mean, mask=c_in)
-    tl.store(rstd + c, channel_rstd, mask=c_in)
-    tl.store(var_unbiased + c, batch_var_unbiased, mask=c_in)
-    if UPDATE_RUNNING:
-        old_mean = tl.load(running_mean + c, mask=c_in)
-        old_var = tl.load(running_var + c, mask=c_in)
-        tl.store(running_mean + c, (1.0 - momentum) * old_mean + momentum * batch_mean, mask=c_in)
-        tl.store(running_var + c, (1.0 - momentum) * old_var + momentum * batch_var_unbiased, mask=c_in)
+    channel_rstd = store_statistics(mean, rstd, var_unbiased, running_mean, running_var, c, c_in, batch_mean, m2,
+                                    count, eps, momentum, UPDATE_RUNNING)
     scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
     shift = tl.load(bias + c, mask=c_in, other=0.0)
     for row0 in range(0, M, BLOCK_M):
@@ -424,7 +427,7 @@ BatchNorm2dNhwcPartialStats = kernel_object(
     helpers=(nhwc_tile,))
 BatchNorm2dNhwcMergeStats = kernel_object(
     batch_norm2d_nhwc_merge_stats, entry=merge_entry(3), example=(32, 64, True), floats=("eps", "momentum"),
-    pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",))
+    pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",), helpers=(store_statistics,))
 BatchNorm2dNhwcNormalize = kernel_object(
     batch_norm2d_nhwc_normalize, entry=elementwise_entry, example=(32, 64), pointer_dtypes=_STATS,
     helpers=_NORMALIZING)
@@ -441,7 +444,7 @@ BatchNorm2dNhwcBackwardDx = kernel_object(
     helpers=_ELEMENTWISE)
 BatchNorm2dNhwcFusedForward = kernel_object(
     batch_norm2d_nhwc_fused_forward, entry=fused_entry, example=(32, 64, True), floats=("eps", "momentum"),
-    pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",), helpers=(nhwc_tile,))
+    pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",), helpers=(nhwc_tile, store_statistics))
 BatchNorm2dNhwcFusedBackward = kernel_object(
     batch_norm2d_nhwc_fused_backward, entry=fused_entry, example=(32, 64), pointer_dtypes=_STATS,
     helpers=(nhwc_tile,))
