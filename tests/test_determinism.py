@@ -155,6 +155,9 @@ CASES = {
     # batch_norm on channels-last inputs: the NHWC kernels (the evaluation backward: the NCHW ones).
     "batch_norm-train-nhwc-bf16": Case("batch_norm", dict(x=(32, 64, 28, 28)), dict(x=(2, 5, 3, 4)), BN_NHWC,
                                        dict(training=True), torch.bfloat16, channels_last=True),
+    "batch_norm-train-nhwc-fused": Case("batch_norm", dict(x=(32, 256, 7, 7)), dict(x=(2, 5, 3, 4)),
+                                        ("BatchNorm2dNhwcFusedForward", "BatchNorm2dNhwcFusedBackward"),
+                                        dict(training=True), torch.bfloat16, tuned=False, channels_last=True),
     "batch_norm-eval-nhwc": Case("batch_norm", dict(x=(32, 64, 28, 28)), dict(x=(2, 5, 3, 4)),
                                  ("BatchNorm2dNhwcEvalForward", "BatchNorm2dEvalBackward"), dict(training=False),
                                  channels_last=True),
