@@ -5,10 +5,11 @@ not compile its kernels one after another as its first step reaches them.
 GPU it starts what `warmup` starts: the kernels of every convolution of one forward and backward (their shapes
 from a pass on the meta device) compiling in background processes, the last convolution first, while the step
 runs from the first and loads what they have built. At the model's next forward, the first step being done, or at
-the process's exit, whichever comes first, it stops them. A set of convolutions once compiled whole leaves a marker in Triton's cache directory (keyed by the
-shapes, dtype, GPU, versions, kernels' code and this machine's tuning cache), and a later process with that marker
-starts no processes. `NNKERNELS_COMPILE_AHEAD=off` turns it off; under torch.compile, in Triton's interpreter and
-for inputs not on a GPU it does nothing.
+the process's exit, whichever comes first, it stops them. A set of convolutions once compiled whole leaves a
+marker in Triton's cache directory (keyed by the shapes, dtype, GPU, versions, kernels' code and this machine's
+tuning cache), and a later process with that marker starts no processes. `NNKERNELS_COMPILE_AHEAD=off` turns it
+off and `NNKERNELS_COMPILE_JOBS=N` sets how many processes; under torch.compile, in Triton's interpreter and for
+inputs not on a GPU it does nothing.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from ._aot import default_jobs
 from ._mode import INTERPRETED
 
 ENV = "NNKERNELS_COMPILE_AHEAD"
+JOBS_ENV = "NNKERNELS_COMPILE_JOBS"
 GPU_DEVICE_TYPES = ("cuda",)  # where a step compiles its kernels
 WORKER_CONTEXT_BYTES = 2**29  # what a CUDA context holds on the GPU, about
 log = logging.getLogger("nnkernels")
@@ -96,10 +98,15 @@ def mark_done(model: torch.nn.Module):
             hook.done()
 
 
-def _jobs() -> int:
-    """Workers for one process: one per CPU (at most 8), shared among the processes torchrun started on this
-    machine."""
-    return max(1, default_jobs(8) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+def background_jobs() -> int:
+    """Processes that compile ahead for this process: `NNKERNELS_COMPILE_JOBS` where set, else one per CPU (at
+    most 8) shared among the processes torchrun started on this machine."""
+    value = os.environ.get(JOBS_ENV)
+    if value is None:
+        return max(1, default_jobs(8) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{JOBS_ENV}: expected an integer >= 1, got {value!r}")
+    return int(value)
 
 
 def affordable_jobs(jobs: int, free_bytes: int | None, shapes, dtype) -> int:
@@ -134,7 +141,7 @@ def _start(model, args):
     if _marker(key).exists():
         return None, None
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-    jobs = affordable_jobs(_jobs(), free, shapes, dtype)
+    jobs = affordable_jobs(background_jobs(), free, shapes, dtype)
     if jobs < 1:
         return None, None
     log.info("nnkernels: compiling the kernels of %d convolutions in %d background processes (%s=off turns this "

@@ -5,9 +5,9 @@ that is where kernels compile and, on the GPU, configs are timed. `warmup` runs 
 copy of the model on the example inputs, so every plan of a step exists before the first real one; the model
 itself is left untouched (no running statistics updated, no gradients). Run it under the same
 `torch.autocast` as the training step, so that it sees the same dtypes. On compiled GPUs the convolutions'
-kernels are compiled ahead in `jobs` background processes (`parallel_compile`; by default one per CPU, at most 8),
-their shapes taken from a forward pass on the meta device, the last convolution first, while the step runs from
-the first and loads what they have compiled; when the step is done they are stopped. Where they fail, warmup
+kernels are compiled ahead in `jobs` background processes (`parallel_compile`; by default one per CPU, at most
+8, or `NNKERNELS_COMPILE_JOBS`), their shapes taken from a forward pass on the meta device, the last convolution
+first, while the step runs from the first and loads what they have compiled; when the step is done they are stopped. Where they fail, warmup
 says so in one line and the step compiles what they did not. `jobs=1` compiles as the step runs, one kernel
 after another.
 """
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 
 from . import compile_ahead
-from ._aot import default_jobs
 from ._mode import INTERPRETED
 
 log = logging.getLogger("nnkernels")
@@ -115,7 +114,7 @@ def warmup(model: torch.nn.Module, example_inputs, *, backward: bool = True, pro
     """Run one training step's forward (and, with `backward`, its backward) of a copy of `model` on
     `example_inputs` (a tensor or a tuple of positional arguments), with a progress bar over its nnkernels layers;
     return a summary. `jobs` > 1: meanwhile compile the convolutions' kernels in that many processes (on compiled
-    GPUs; the interpreter has nothing to compile); None: one per CPU, at most 8. A bad example input raises the
+    GPUs; the interpreter has nothing to compile); None: `compile_ahead.background_jobs()`. A bad example input raises the
     error the model itself would raise."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -123,7 +122,7 @@ def warmup(model: torch.nn.Module, example_inputs, *, backward: bool = True, pro
         raise ValueError(f"jobs: expected an int >= 1 or None, got {jobs!r}")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     if jobs is None:
-        jobs = default_jobs(8)
+        jobs = compile_ahead.background_jobs()
     began = time.perf_counter()
     with compile_ahead.suppressed():  # the twin's hook would start what this starts
         compiling = start_compiling_convs(model, inputs, jobs) if jobs > 1 and not INTERPRETED else None

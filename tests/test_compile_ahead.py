@@ -111,6 +111,17 @@ def test_off_when_asked_and_after_warmup(ahead, monkeypatch):
     assert ahead == []
 
 
+def test_the_number_of_processes_is_one_per_cpu_or_what_the_environment_says(ahead, monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert compile_ahead.background_jobs() == max(1, compile_ahead.default_jobs(8) // 2)
+    monkeypatch.setenv(compile_ahead.JOBS_ENV, "12")
+    assert compile_ahead.background_jobs() == 12
+    for bad in ("0", "-3", "many"):
+        monkeypatch.setenv(compile_ahead.JOBS_ENV, bad)
+        with pytest.raises(ValueError, match=compile_ahead.JOBS_ENV):
+            compile_ahead.background_jobs()
+
+
 def test_results_are_the_models_own_and_a_bad_input_raises_its_error(ahead, monkeypatch):
     x = randn(2, 3, 8, 8)
     hooked_y = _model()(x)
@@ -145,7 +156,7 @@ def test_real_workers_compile_ahead_and_leave_the_marker(monkeypatch, tmp_path):
     monkeypatch.setattr(compile_ahead, "INTERPRETED", False)
     monkeypatch.setattr(compile_ahead, "GPU_DEVICE_TYPES", (torch.device(DEVICE).type,))
     monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: tmp_path / "triton")
-    monkeypatch.setattr(compile_ahead, "_jobs", lambda: 2)
+    monkeypatch.setenv(compile_ahead.JOBS_ENV, "2")
     model, x = _model(), randn(2, 3, 8, 8)
     model(x)
     hook = next(iter(model._forward_pre_hooks.values()))
