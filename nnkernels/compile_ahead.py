@@ -100,7 +100,8 @@ def mark_done(model: torch.nn.Module):
 
 def background_jobs() -> int:
     """Processes that compile ahead for this process: `NNKERNELS_COMPILE_JOBS` where set, else one per CPU (at
-    most 8) shared among the processes torchrun started on this machine."""
+    most 8) shared among the processes torchrun started on this machine. 1 means none: the step compiles as it
+    goes."""
     value = os.environ.get(JOBS_ENV)
     if value is None:
         return max(1, default_jobs(8) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
@@ -142,7 +143,7 @@ def _start(model, args):
         return None, None
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
     jobs = affordable_jobs(background_jobs(), free, shapes, dtype)
-    if jobs < 1:
+    if jobs < 2:  # one process is the step compiling as it goes, as `warmup(jobs=1)` takes it
         return None, None
     log.info("nnkernels: compiling the kernels of %d convolutions in %d background processes (%s=off turns this "
              "off)", len(shapes), jobs, ENV)

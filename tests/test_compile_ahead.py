@@ -41,6 +41,7 @@ def ahead(monkeypatch, tmp_path):
     monkeypatch.setattr(compile_ahead, "GPU_DEVICE_TYPES", (torch.device(DEVICE).type,))
     monkeypatch.setattr(compile_ahead, "_triton_cache_dir", lambda: tmp_path / "triton")
     monkeypatch.delenv(compile_ahead.ENV, raising=False)
+    monkeypatch.setenv(compile_ahead.JOBS_ENV, "4")  # as on a machine of several CPUs, whatever this one has
     started = []
 
     def start(*args, **kwargs):
@@ -114,10 +115,14 @@ def test_off_when_asked_and_after_warmup(ahead, monkeypatch):
 
 
 def test_the_number_of_processes_is_one_per_cpu_or_what_the_environment_says(ahead, monkeypatch):
+    monkeypatch.delenv(compile_ahead.JOBS_ENV)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert compile_ahead.background_jobs() == max(1, compile_ahead.default_jobs(8) // 2)
     monkeypatch.setenv(compile_ahead.JOBS_ENV, "12")
     assert compile_ahead.background_jobs() == 12
+    monkeypatch.setenv(compile_ahead.JOBS_ENV, "1")  # none, as warmup(jobs=1): the step compiles as it goes
+    _model()(randn(2, 3, 8, 8))
+    assert ahead == []
     for bad in ("0", "-3", "many"):
         monkeypatch.setenv(compile_ahead.JOBS_ENV, bad)
         with pytest.raises(ValueError, match=compile_ahead.JOBS_ENV):
