@@ -8,8 +8,8 @@ runs from the first and loads what they have built. At the model's next forward,
 the process's exit, whichever comes first, it stops them. A set of convolutions once compiled whole leaves a
 marker in Triton's cache directory (keyed by the shapes, dtype, GPU, versions, kernels' code and this machine's
 tuning cache), and a later process with that marker starts no processes. `NNKERNELS_COMPILE_AHEAD=off` turns it
-off and `NNKERNELS_COMPILE_JOBS=N` sets how many processes; under torch.compile, in Triton's interpreter and for
-inputs not on a GPU it does nothing.
+off and `NNKERNELS_COMPILE_JOBS=N` sets how many processes (1: none); under torch.compile, in Triton's
+interpreter and for inputs not on a GPU it does nothing.
 """
 from __future__ import annotations
 
