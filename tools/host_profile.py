@@ -17,7 +17,7 @@ import torch
 H200 = dict(gpu=True, sms=132, tma=True, name="H200 (stubbed launches)")
 
 
-class _Noop(torch.autograd.Function):
+class NoopFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         return x.new_empty(x.shape)
@@ -64,7 +64,7 @@ def main(argv=None):
     x = torch.randn(2, 64, 8, 8, device=device, requires_grad=True)
 
     def noop():
-        y = _Noop.apply(x)
+        y = NoopFunction.apply(x)
         torch.autograd.grad(y, (x,), torch.ones_like(y))
 
     print(f"{args.case}: nnkernels {per_call_us(ours, args.calls, synchronize):.1f} µs per forward + backward"
