@@ -6,10 +6,10 @@ GPU it starts what `warmup` starts: the kernels of every convolution of one forw
 from a pass on the meta device) compiling in background processes, the last convolution first, while the step
 runs from the first and loads what they have built. At the model's next forward, the first step being done, or at
 the process's exit, whichever comes first, it stops them. A set of convolutions once compiled whole leaves a
-marker in Triton's cache directory (keyed by the shapes, dtype, GPU, versions, kernels' code and this machine's
-tuning cache), and a later process with that marker starts no processes. `NNKERNELS_COMPILE_AHEAD=off` turns it
-off and `NNKERNELS_COMPILE_JOBS=N` sets how many processes (1: none); under torch.compile, in Triton's
-interpreter and for inputs not on a GPU it does nothing.
+marker in Triton's cache directory (keyed by the shapes, dtype, GPU, versions, kernels' code and the choices
+this machine's tuning remembers for those convolutions), and a later process with that marker starts no
+processes. `NNKERNELS_COMPILE_AHEAD=off` turns it off and `NNKERNELS_COMPILE_JOBS=N` sets how many processes (1:
+none); under torch.compile, in Triton's interpreter and for inputs not on a GPU it does nothing.
 """
 from __future__ import annotations
 
@@ -168,13 +168,16 @@ def _marker(key) -> Path:
     import triton
 
     from . import __version__, tuning
+    from .functional.conv import remembered_choices
 
     shapes, dtype, device = key
-    cache = tuning.cache_path()
-    stat = cache.stat() if cache.exists() else None
-    parts = (sorted(map(repr, shapes)), str(dtype), torch.backends.cudnn.allow_tf32, gpu_name(device),
-             torch.__version__, triton.__version__, __version__, tuning.kernels_fingerprint("conv2d"),
-             None if stat is None else (stat.st_size, stat.st_mtime_ns))
+    # The convolutions' remembered choices, not the whole tuning cache: other ops' tuning changes no kernel here.
+    choices = sorted(repr((shape, remembered_choices(shape.x_shape, shape.w_shape, shape.stride, shape.padding,
+                                                     shape.dilation, shape.groups, dtype, shape.bias,
+                                                     shape.channels_last)))
+                     for shape in shapes)
+    parts = (choices, str(dtype), torch.backends.cudnn.allow_tf32, gpu_name(device), torch.__version__,
+             triton.__version__, __version__, tuning.kernels_fingerprint("conv2d"))
     digest = hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
     return _triton_cache_dir() / "nnkernels-compiled-ahead" / digest
 

@@ -59,7 +59,7 @@ def test_the_first_forward_starts_compiling_the_steps_convolutions_and_the_next_
     assert len(ahead) == 1 and ahead[0].shapes == expected and len(expected) == 2
     assert ahead[0].dtype == torch.float32 and ahead[0].device == str(x.device) and not ahead[0].stopped
     # The second step's forward stops the workers; on a GPU the first step's backward has tuned (the marker's key
-    # holds the tuning cache) before the marker is written.
+    # holds the convolutions' remembered choices) before the marker is written.
     model(x).sum().backward()
     assert ahead[0].stopped
     model(x)
@@ -91,6 +91,27 @@ def test_workers_stopped_before_they_finished_leave_no_marker(ahead, monkeypatch
     model(x)
     _model()(x)
     assert len(ahead) == 2 and ahead[0].stopped
+
+
+def test_the_marker_follows_the_convolutions_remembered_choices_only(ahead, monkeypatch, tmp_path):
+    from nnkernels import tuning
+    from nnkernels.functional import conv
+
+    monkeypatch.setenv("NNKERNELS_CACHE_DIR", str(tmp_path / "tuning"))
+    x = randn(2, 3, 8, 8)
+    model = _model()
+    model(x)
+    model(x)
+    # Another op's tuning rewrites the cache; the convolutions' kernels are the same, and so is the marker.
+    tuning.cache_path().parent.mkdir(parents=True, exist_ok=True)
+    tuning.cache_path().write_text('{"batch_norm_train_forward": {}}')
+    _model()(x)
+    assert len(ahead) == 1
+    # A convolution's remembered choice changes what compiling ahead compiles: a new model compiles again.
+    remembered = conv.remembered_choices
+    monkeypatch.setattr(conv, "remembered_choices", lambda *args: ("another",) + remembered(*args)[1:])
+    _model()(x)
+    assert len(ahead) == 2
 
 
 def test_another_input_shape_compiles_ahead_again(ahead):

@@ -569,6 +569,16 @@ def kernels_for(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
     return [k for pass_ids in ids for k in pass_ids]
 
 
+def remembered_choices(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias,
+                       channels_last=False) -> tuple:
+    """(forward, dx, dw): per pass the choice tuning remembers for this call (x and the weight channels-last with
+    `channels_last`), None where it remembers none. Beside the code and versions, these decide which kernels
+    `precompile` compiles: the remembered choice, else the quick candidates."""
+    p = _listed_problem(x_shape, weight_shape, stride, padding, dilation, groups, dtype, bias, channels_last,
+                        channels_last)
+    return tuple(pass_.remembered() for pass_ in (forward_pass(p), dx_pass(p), dw_pass(p)))
+
+
 def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, full=False):
     """Run once each, on scratch outputs, every choice `conv2d` could make for this call, timing and remembering
     nothing: per pass the choice tuning remembers (this machine's cache or the shipped table) where there is one,
