@@ -12,8 +12,10 @@ after one of those kernels changes. Where neither holds a choice, the table ship
 `tools/ship_tuning.py`) answers before any timing.
 
 Cost bound: candidates are tried in order and no new one is started once TUNING_BUDGET_S have passed since
-`choose` began on this kind and shape. `NNKERNELS_TUNE=quick` (the default) tries the first QUICK_CANDIDATES,
-`full` all of them. What a choice means is its caller's: the tuner knows no op, only that a kind begins with
+`choose` began on this kind and shape, unless it is the first of its family tried (`family`: its algorithm
+where the choice names one, else its type): a first candidate that compiles for longer than the budget must
+not win unopposed, since another algorithm may be many times faster. `NNKERNELS_TUNE=quick` (the default)
+tries the first QUICK_CANDIDATES, `full` all of them. What a choice means is its caller's: the tuner knows no op, only that a kind begins with
 its layer's name (`kernels_fingerprint`).
 """
 from __future__ import annotations
@@ -268,9 +270,11 @@ def choose(kind: str, key, candidates: Callable[[], list], run, decode):
     tried = listed if mode() == "full" else listed[:QUICK_CANDIDATES]
     began = time.perf_counter()
     timings = {}
+    families = set()
     for choice in tried:
-        if timings and time.perf_counter() - began > TUNING_BUDGET_S:
-            break
+        if timings and time.perf_counter() - began > TUNING_BUDGET_S and family(choice) in families:
+            continue
+        families.add(family(choice))
         try:
             run(choice)  # compiles, and warms the caches
             timings[choice] = _time_ms(run, choice)
@@ -285,6 +289,11 @@ def choose(kind: str, key, candidates: Callable[[], list], run, decode):
         _chosen[chosen_key] = best
     _save(full_key, best)
     return best
+
+
+def family(choice):
+    """What a choice is a config of: its `algorithm` where it names one (a convolution's), else its type."""
+    return getattr(choice, "algorithm", type(choice))
 
 
 def peek(kind: str, key, candidates: list, decode):

@@ -83,3 +83,32 @@ def test_stored_batch_norm_and_pooling_choices_read_back(tmp_path, monkeypatch, 
         for kind, key, listed, decode in passes:
             assert tuning.peek(kind, key, listed, decode) == listed[-1], kind
     assert not caplog.records, [record.getMessage() for record in caplog.records]
+
+
+def test_past_the_budget_each_algorithm_still_has_its_first_candidate_timed(tmp_path, monkeypatch):
+    """A first candidate whose compiling outlasts the budget does not win unopposed: on an H200 a channels-last
+    depthwise 5x5 dx (5 ms) was once kept over the NCHW kernel (45 µs) that the budget left untimed."""
+    from dataclasses import dataclass
+
+    import torch
+
+    from nnkernels import tuning
+
+    @dataclass(frozen=True)
+    class Choice:
+        algorithm: str
+        tile: int
+
+    slow, slow_wider, fast, fast_wider = Choice("a", 1), Choice("a", 2), Choice("b", 1), Choice("b", 2)
+    times = {slow: 5.0, slow_wider: 6.0, fast: 0.05, fast_wider: 0.01}
+    monkeypatch.setenv("NNKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "_memory", None)
+    monkeypatch.setattr(tuning, "mode", lambda: "full")
+    monkeypatch.setattr(tuning, "TUNING_BUDGET_S", 0.0)  # every candidate after the first is past the budget
+    monkeypatch.setattr(tuning, "_time_ms", lambda run, choice: times[choice])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    ran = []
+    chosen = tuning.choose("test_budget", ("shape",), lambda: [slow, slow_wider, fast, fast_wider], ran.append,
+                           lambda stored: Choice(**stored))
+    assert ran == [slow, fast] and chosen == fast
