@@ -20,6 +20,7 @@ import triton.language as tl
 from ...kernel import INT32_MAX, kernel_object
 from ..common.checks import check_grid, check_numel
 from ..common.host_math import cdiv
+from .epilogue import columns_in, store_rows
 
 
 def pooled_size(size, kernel, stride, pad, ceil_mode):
@@ -121,6 +122,21 @@ def window_means(sums, h0, w0, H, W, KH: tl.constexpr, KW: tl.constexpr, PAD_H: 
 
 
 @triton.jit
+def _gather_tile(columns, rows_per_plane, P, ROW_ALIGN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+    """This program's BLOCK_R x BLOCK_W tile of rows r = plane*rows_per_plane + index over P planes (row tiles
+    outer, tiles of BLOCK_W of the `columns` inner): (rows, column tile, columns, plane, index, whether the row
+    exists, whether the column does, by `columns_in`)."""
+    pid = tl.program_id(0)
+    num_col_tiles = tl.cdiv(columns, BLOCK_W)
+    rows = (pid // num_col_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
+    col_tile = pid % num_col_tiles
+    cols = col_tile * BLOCK_W + tl.arange(0, BLOCK_W)
+    plane = rows // rows_per_plane
+    return (rows, col_tile, cols, plane, rows - plane * rows_per_plane, rows < P * rows_per_plane,
+            columns_in(cols, columns, ROW_ALIGN))
+
+
+@triton.jit
 def avg_pool2d_gather_forward(
     x, y, P, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
@@ -139,19 +155,12 @@ def avg_pool2d_gather_forward(
     BLOCK_W*KW contiguous x of the tile's columns with vector loads and sums groups of KW;
     X_ALIGN is then a power of two dividing W and OW*KW. X_ALIGN = 0 gathers tap by tap.
     """
-    pid = tl.program_id(0)
-    num_col_tiles = tl.cdiv(OW, BLOCK_W)
-    rows = (pid // num_col_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ow = (pid % num_col_tiles) * BLOCK_W + tl.arange(0, BLOCK_W)
-    plane = rows // OH
-    oh = rows - plane * OH
-    row_in = rows < P * OH
-    col_in = (ow // ROW_ALIGN) < (OW // ROW_ALIGN)
+    rows, col_tile, ow, plane, oh, row_in, col_in = _gather_tile(OW, OH, P, ROW_ALIGN, BLOCK_R, BLOCK_W)
     h0 = oh * STRIDE_H - PAD_H
     w0 = ow * STRIDE_W - PAD_W
     acc = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float32)
     if X_ALIGN > 0:
-        c = (pid % num_col_tiles) * (BLOCK_W * KW) + tl.arange(0, BLOCK_W * KW)
+        c = col_tile * (BLOCK_W * KW) + tl.arange(0, BLOCK_W * KW)
         c_in = (c // X_ALIGN) < ((OW * KW) // X_ALIGN)
         for kh in tl.static_range(KH):
             ih = h0 + kh
@@ -176,8 +185,7 @@ def avg_pool2d_gather_forward(
                 xv = tl.load(x_row[:, None] + iw[None, :], mask=inside, other=0.0)
                 acc += xv.to(tl.float32)
     out = window_means(acc, h0, w0, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD, DIVISOR_OVERRIDE, UNIFORM)
-    y_row = y + tl.multiple_of(rows.to(tl.int64) * OW, ROW_ALIGN)
-    tl.store(y_row[:, None] + ow[None, :], out.to(y.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
+    store_rows(y, rows, ow, OW, out, row_in, ROW_ALIGN)
 
 
 @triton.jit
@@ -195,14 +203,7 @@ def avg_pool2d_gather_backward(
     The covering oh are (ih + PAD_H) // STRIDE_H - j for j < cdiv(KH, STRIDE_H), kept when
     0 <= oh < OH and ih + PAD_H - oh*STRIDE_H < KH (likewise ow). Every dx is written.
     """
-    pid = tl.program_id(0)
-    num_col_tiles = tl.cdiv(W, BLOCK_W)
-    rows = (pid // num_col_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
-    iw = (pid % num_col_tiles) * BLOCK_W + tl.arange(0, BLOCK_W)
-    plane = rows // H
-    ih = rows - plane * H
-    row_in = rows < P * H
-    col_in = (iw // ROW_ALIGN) < (W // ROW_ALIGN)
+    rows, _, iw, plane, ih, row_in, col_in = _gather_tile(W, H, P, ROW_ALIGN, BLOCK_R, BLOCK_W)
     dy_plane = dy + plane.to(tl.int64) * OH * OW
     acc = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float32)
     for j in tl.static_range((KH + STRIDE_H - 1) // STRIDE_H):
@@ -223,15 +224,14 @@ def avg_pool2d_gather_backward(
         acc = acc / DIVISOR_OVERRIDE
     elif UNIFORM:
         acc = acc / (KH * KW)
-    dx_row = dx + tl.multiple_of(rows.to(tl.int64) * W, ROW_ALIGN)
-    tl.store(dx_row[:, None] + iw[None, :], acc.to(dx.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
+    store_rows(dx, rows, iw, W, acc, row_in, ROW_ALIGN)
 
 
 _OPTIONS = dict(
     entry=avg_pool2d_gather_entry,
     nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE", "X_ALIGN"),
     flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
-    helpers=(window_divisor, window_means),
+    helpers=(_gather_tile, columns_in, window_divisor, window_means, store_rows),
 )
 AvgPool2dGatherForward = kernel_object(
     avg_pool2d_gather_forward, example=(3, 3, 1, 1, 1, 1, True, 0, True, 8, 0, 32, 64), **_OPTIONS)

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ...kernel import INT32_MAX, kernel_object
+from .epilogue import columns_in, store_rows
 from .gather import check_pooled_tensors, check_window, row_align, window_divisor, window_means
 from ..common.checks import check_grid
 from ..common.host_math import cdiv
@@ -262,9 +263,7 @@ def avg_pool2d_lanes_forward(
     ow = first_group * LANES + tl.arange(0, BLOCK_G * LANES)
     acc = window_means(acc, h0, ow * STRIDE_W - PAD_W, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD,
                        DIVISOR_OVERRIDE, UNIFORM)
-    y_row = y + tl.multiple_of(rows.to(tl.int64) * OW, ROW_ALIGN)
-    col_in = (ow // ROW_ALIGN) < (OW // ROW_ALIGN)
-    tl.store(y_row[:, None] + ow[None, :], acc.to(y.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
+    store_rows(y, rows, ow, OW, acc, row_in, ROW_ALIGN)
 
 
 @triton.jit
@@ -319,12 +318,11 @@ def avg_pool2d_lanes_backward(
     else:
         acc = acc * (1.0 / (KH * KW))
     iw = first_group * LANES + tl.arange(0, BLOCK_G * LANES)
-    dx_row = dx + tl.multiple_of(rows.to(tl.int64) * W, ROW_ALIGN)
-    col_in = (iw // ROW_ALIGN) < (W // ROW_ALIGN)
-    tl.store(dx_row[:, None] + iw[None, :], acc.to(dx.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
+    store_rows(dx, rows, iw, W, acc, row_in, ROW_ALIGN)
 
 
-_HELPERS = (_lanes_tile, _split_lanes, _join_lanes, _add_lanes, _row_lanes, _lane, window_means, window_divisor)
+_HELPERS = (_lanes_tile, _split_lanes, _join_lanes, _add_lanes, _row_lanes, _lane, window_means, window_divisor,
+            store_rows, columns_in)
 _OPTIONS = dict(
     entry=avg_pool2d_lanes_entry,
     nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"),

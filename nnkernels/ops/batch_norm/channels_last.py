@@ -20,7 +20,7 @@ import triton.language as tl
 from ...kernel import kernel_object
 from ..common.checks import check_numel
 from ..common.host_math import cdiv
-from .train import check_channel_tensors, check_partials
+from .train import check_channel_tensors, check_partials, update_running_statistics
 
 F32 = torch.float32
 
@@ -122,6 +122,15 @@ def normalize_tile(x, y, weight, bias, mean, channel_rstd, c, c_in, offsets, ins
 
 
 @triton.jit
+def partial_slots(partials, c, c_in, p0, NUM_PARTIALS, BLOCK_PARTIALS: tl.constexpr):
+    """Pointers [BLOCK_C, BLOCK_PARTIALS] to partials p0.. of the channels c in the first row of `partials` (a
+    channel's NUM_PARTIALS partials consecutive from c*NUM_PARTIALS), and the mask of those that exist (c_in, and
+    p < NUM_PARTIALS)."""
+    p = p0 + tl.arange(0, BLOCK_PARTIALS)
+    return partials + c[:, None] * NUM_PARTIALS + p[None, :], c_in[:, None] & (p < NUM_PARTIALS)[None, :]
+
+
+@triton.jit
 def store_statistics(mean, rstd, var_unbiased, running_mean, running_var, c, c_in, batch_mean, m2, count, eps,
                      momentum, UPDATE_RUNNING: tl.constexpr):
     """Writes mean[c] = batch_mean, rstd[c] = 1/sqrt(M2/n + eps) and var_unbiased[c] = M2/(n - 1) of the channels c
@@ -134,10 +143,8 @@ def store_statistics(mean, rstd, var_unbiased, running_mean, running_var, c, c_i
     tl.store(rstd + c, channel_rstd, mask=c_in)
     tl.store(var_unbiased + c, batch_var_unbiased, mask=c_in)
     if UPDATE_RUNNING:
-        old_mean = tl.load(running_mean + c, mask=c_in)
-        old_var = tl.load(running_var + c, mask=c_in)
-        tl.store(running_mean + c, (1.0 - momentum) * old_mean + momentum * batch_mean, mask=c_in)
-        tl.store(running_var + c, (1.0 - momentum) * old_var + momentum * batch_var_unbiased, mask=c_in)
+        update_running_statistics(running_mean, running_var, running_mean, running_var, c, c_in, batch_mean,
+                                  batch_var_unbiased, momentum)
     return channel_rstd
 
 
@@ -202,9 +209,7 @@ def batch_norm2d_nhwc_merge_stats(
     count = tl.zeros([BLOCK_C], dtype=tl.float32)
     weighted = tl.zeros([BLOCK_C], dtype=tl.float32)
     for p0 in range(0, NUM_PARTIALS, BLOCK_PARTIALS):
-        p = p0 + tl.arange(0, BLOCK_PARTIALS)
-        at = partials + c[:, None] * NUM_PARTIALS + p[None, :]
-        present = c_in[:, None] & (p < NUM_PARTIALS)[None, :]
+        at, present = partial_slots(partials, c, c_in, p0, NUM_PARTIALS, BLOCK_PARTIALS)
         counts = tl.load(at, mask=present, other=0.0)
         count += tl.sum(counts, axis=1)
         weighted += tl.sum(counts * tl.load(at + ROW_STRIDE, mask=present, other=0.0), axis=1)
@@ -212,9 +217,7 @@ def batch_norm2d_nhwc_merge_stats(
     residual = tl.zeros([BLOCK_C], dtype=tl.float32)
     m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
     for p0 in range(0, NUM_PARTIALS, BLOCK_PARTIALS):
-        p = p0 + tl.arange(0, BLOCK_PARTIALS)
-        at = partials + c[:, None] * NUM_PARTIALS + p[None, :]
-        present = c_in[:, None] & (p < NUM_PARTIALS)[None, :]
+        at, present = partial_slots(partials, c, c_in, p0, NUM_PARTIALS, BLOCK_PARTIALS)
         counts = tl.load(at, mask=present, other=0.0)
         spread = tl.where(present, tl.load(at + ROW_STRIDE, mask=present, other=0.0) - rough_mean[:, None], 0.0)
         residual += tl.sum(counts * spread, axis=1)
@@ -301,9 +304,7 @@ def batch_norm2d_nhwc_merge_grad_sums(
     sum_dy = tl.zeros([BLOCK_C], dtype=tl.float32)
     sum_dy_xmu = tl.zeros([BLOCK_C], dtype=tl.float32)
     for p0 in range(0, NUM_PARTIALS, BLOCK_PARTIALS):
-        p = p0 + tl.arange(0, BLOCK_PARTIALS)
-        at = partials + c[:, None] * NUM_PARTIALS + p[None, :]
-        present = c_in[:, None] & (p < NUM_PARTIALS)[None, :]
+        at, present = partial_slots(partials, c, c_in, p0, NUM_PARTIALS, BLOCK_PARTIALS)
         sum_dy += tl.sum(tl.load(at, mask=present, other=0.0), axis=1)
         sum_dy_xmu += tl.sum(tl.load(at + ROW_STRIDE, mask=present, other=0.0), axis=1)
     tl.store(dbias + c, sum_dy, mask=c_in)
@@ -427,7 +428,8 @@ BatchNorm2dNhwcPartialStats = kernel_object(
     helpers=(nhwc_tile,))
 BatchNorm2dNhwcMergeStats = kernel_object(
     batch_norm2d_nhwc_merge_stats, entry=merge_entry(3), example=(32, 64, True), floats=("eps", "momentum"),
-    pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",), helpers=(store_statistics,))
+    pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",),
+    helpers=(partial_slots, store_statistics, update_running_statistics))
 BatchNorm2dNhwcNormalize = kernel_object(
     batch_norm2d_nhwc_normalize, entry=elementwise_entry, example=(32, 64), pointer_dtypes=_STATS,
     helpers=_NORMALIZING)
@@ -438,13 +440,14 @@ BatchNorm2dNhwcPartialGradSums = kernel_object(
     batch_norm2d_nhwc_partial_grad_sums, entry=split_entry(2), example=(32, 64), pointer_dtypes=_STATS,
     helpers=(nhwc_tile,))
 BatchNorm2dNhwcMergeGradSums = kernel_object(
-    batch_norm2d_nhwc_merge_grad_sums, entry=merge_entry(2), example=(64, 64), pointer_dtypes=_STATS)
+    batch_norm2d_nhwc_merge_grad_sums, entry=merge_entry(2), example=(64, 64), pointer_dtypes=_STATS,
+    helpers=(partial_slots,))
 BatchNorm2dNhwcBackwardDx = kernel_object(
     batch_norm2d_nhwc_backward_dx, entry=elementwise_entry, example=(32, 64), pointer_dtypes=_STATS,
     helpers=_ELEMENTWISE)
 BatchNorm2dNhwcFusedForward = kernel_object(
     batch_norm2d_nhwc_fused_forward, entry=fused_entry, example=(32, 64, True), floats=("eps", "momentum"),
-    pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",), helpers=(nhwc_tile, store_statistics))
+    pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",), helpers=(nhwc_tile, store_statistics, update_running_statistics))
 BatchNorm2dNhwcFusedBackward = kernel_object(
     batch_norm2d_nhwc_fused_backward, entry=fused_entry, example=(32, 64), pointer_dtypes=_STATS,
     helpers=(nhwc_tile,))

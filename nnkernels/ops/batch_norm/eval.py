@@ -17,6 +17,7 @@ from .train import (
     CHUNK_WALK,
     FUSED_HELPERS,
     channel_tile,
+    chunk_grad_lane_sums,
     chunk_tiles,
     channel_group_tile,
     channel_sums,
@@ -91,16 +92,8 @@ def batch_norm2d_eval_backward(
     channel_mean = tl.load(running_mean + c)
     channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.load(running_var + c) + eps))
     dy_scale = tl.load(weight + c) * channel_rstd
-    first, last, hw_tiles = chunk_tiles(chunk, B, HW, TILES_PER_CHUNK, BLOCK_B, BLOCK_HW)
-    sum_dy = tl.zeros([BLOCK_B, BLOCK_HW], dtype=tl.float32)
-    sum_dy_xmu = tl.zeros([BLOCK_B, BLOCK_HW], dtype=tl.float32)
-    for t in range(first, last):
-        offsets, inside = channel_tile(t, hw_tiles, c, B, C, HW, BLOCK_B, BLOCK_HW)
-        dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
-        xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
-        tl.store(dx + offsets, (dyv * dy_scale).to(dx.dtype.element_ty), mask=inside)
-        sum_dy += dyv
-        sum_dy_xmu += dyv * tl.where(inside, xv - channel_mean, 0.0)
+    sum_dy, sum_dy_xmu = chunk_grad_lane_sums(dy, x, dx, dy_scale, channel_mean, c, chunk, B, C, HW, TILES_PER_CHUNK,
+                                              BLOCK_B, BLOCK_HW)
     slot = c * tl.num_programs(1) + chunk
     tl.store(partial_dbias + slot, tl.sum(tl.sum(sum_dy, axis=1), axis=0))
     tl.store(partial_dweight + slot, channel_rstd * tl.sum(tl.sum(sum_dy_xmu, axis=1), axis=0))
@@ -183,7 +176,7 @@ BatchNorm2dEvalForward = kernel_object(
     helpers=CHUNK_WALK)
 BatchNorm2dEvalBackward = kernel_object(
     batch_norm2d_eval_backward, entry=eval_entry, example=(8, 256), floats=("eps",), pointer_dtypes=_STATS,
-    helpers=CHUNK_WALK)
+    helpers=(chunk_grad_lane_sums, *CHUNK_WALK))
 BatchNorm2dSumPartials = kernel_object(
     batch_norm2d_sum_partials, entry=sum_partials_entry, example=(16, 64), pointer_dtypes=_STATS)
 BatchNorm2dEvalForwardGrouped = kernel_object(

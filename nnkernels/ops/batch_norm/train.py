@@ -147,6 +147,26 @@ CHUNK_WALK = (chunk_tiles, channel_tile)
 
 
 @triton.jit
+def chunk_grad_lane_sums(dy, x, dx, dy_scale, channel_mean, c, chunk, B, C, HW, TILES_PER_CHUNK,
+                         BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """The [BLOCK_B, BLOCK_HW] lane sums, in fp32, of dy and of dy * (x - channel_mean) over the tiles of chunk
+    `chunk` of channel c (module docstring), in tile order. Unless dx is None, also writes dx = dy * dy_scale on
+    those tiles, in the same pass."""
+    first, last, hw_tiles = chunk_tiles(chunk, B, HW, TILES_PER_CHUNK, BLOCK_B, BLOCK_HW)
+    sum_dy = tl.zeros([BLOCK_B, BLOCK_HW], dtype=tl.float32)
+    sum_dy_xmu = tl.zeros([BLOCK_B, BLOCK_HW], dtype=tl.float32)
+    for t in range(first, last):
+        offsets, inside = channel_tile(t, hw_tiles, c, B, C, HW, BLOCK_B, BLOCK_HW)
+        dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
+        xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
+        if dx is not None:
+            tl.store(dx + offsets, (dyv * dy_scale).to(dx.dtype.element_ty), mask=inside)
+        sum_dy += dyv
+        sum_dy_xmu += dyv * tl.where(inside, xv - channel_mean, 0.0)
+    return sum_dy, sum_dy_xmu
+
+
+@triton.jit
 def batch_norm2d_partial_stats(
     x, partials, B, C, HW, TILES_PER_CHUNK, ROW_STRIDE,
     BLOCK_B: tl.constexpr, BLOCK_HW: tl.constexpr,
@@ -288,6 +308,18 @@ def per_column(values, member):
 
 
 @triton.jit
+def update_running_statistics(running_mean, running_var, new_running_mean, new_running_var, c, c_in, batch_mean,
+                              batch_var_unbiased, momentum):
+    """A training forward's running-statistics update of the channels c where c_in, as torch does it:
+        new_running_mean[c] = (1 - momentum) * running_mean[c] + momentum * batch_mean  (var: batch_var_unbiased);
+    new_running_* may be running_* (both are read before either is written)."""
+    old_mean = tl.load(running_mean + c, mask=c_in)
+    old_var = tl.load(running_var + c, mask=c_in)
+    tl.store(new_running_mean + c, (1.0 - momentum) * old_mean + momentum * batch_mean, mask=c_in)
+    tl.store(new_running_var + c, (1.0 - momentum) * old_var + momentum * batch_var_unbiased, mask=c_in)
+
+
+@triton.jit
 def batch_norm2d_train_forward_fused(
     x, y, weight, bias, mean, rstd, var_unbiased, running_mean, running_var, new_running_mean, new_running_var,
     B, C, HW, CHANNELS, eps, momentum,
@@ -324,10 +356,8 @@ def batch_norm2d_train_forward_fused(
     tl.store(rstd + c, channel_rstd, mask=c_in)
     tl.store(var_unbiased + c, batch_var_unbiased, mask=c_in)
     if UPDATE_RUNNING:
-        old_mean = tl.load(running_mean + c, mask=c_in)
-        old_var = tl.load(running_var + c, mask=c_in)
-        tl.store(new_running_mean + c, (1.0 - momentum) * old_mean + momentum * batch_mean, mask=c_in)
-        tl.store(new_running_var + c, (1.0 - momentum) * old_var + momentum * batch_var_unbiased, mask=c_in)
+        update_running_statistics(running_mean, running_var, new_running_mean, new_running_var, c, c_in, batch_mean,
+                                  batch_var_unbiased, momentum)
     scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
     shift = tl.load(bias + c, mask=c_in, other=0.0) - (residual / count) * scale
     yv = deviation * per_column(scale, member)[None, :] + per_column(shift, member)[None, :]
@@ -348,15 +378,8 @@ def batch_norm2d_partial_grad_sums(
     c = tl.program_id(0)
     chunk = tl.program_id(1)
     channel_mean = tl.load(mean + c)
-    first, last, hw_tiles = chunk_tiles(chunk, B, HW, TILES_PER_CHUNK, BLOCK_B, BLOCK_HW)
-    sum_dy = tl.zeros([BLOCK_B, BLOCK_HW], dtype=tl.float32)
-    sum_dy_xmu = tl.zeros([BLOCK_B, BLOCK_HW], dtype=tl.float32)
-    for t in range(first, last):
-        offsets, inside = channel_tile(t, hw_tiles, c, B, C, HW, BLOCK_B, BLOCK_HW)
-        dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
-        xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
-        sum_dy += dyv
-        sum_dy_xmu += dyv * tl.where(inside, xv - channel_mean, 0.0)
+    sum_dy, sum_dy_xmu = chunk_grad_lane_sums(dy, x, None, None, channel_mean, c, chunk, B, C, HW, TILES_PER_CHUNK,
+                                              BLOCK_B, BLOCK_HW)
     slot = c * tl.num_programs(1) + chunk
     tl.store(partials + slot, tl.sum(tl.sum(sum_dy, axis=1), axis=0))
     tl.store(partials + ROW_STRIDE + slot, tl.sum(tl.sum(sum_dy_xmu, axis=1), axis=0))
@@ -453,10 +476,10 @@ BatchNorm2dTrainNormalize = kernel_object(
 FUSED_HELPERS = (channel_group_tile, channel_sums, per_column)
 BatchNorm2dTrainForwardFused = kernel_object(
     batch_norm2d_train_forward_fused, entry=fused_entry, example=(4, 32, 256, 4, True), floats=("eps", "momentum"),
-    pointer_dtypes=_STATS, num_warps=8, helpers=FUSED_HELPERS, flags=("UPDATE_RUNNING",))
+    pointer_dtypes=_STATS, num_warps=8, helpers=(*FUSED_HELPERS, update_running_statistics), flags=("UPDATE_RUNNING",))
 BatchNorm2dPartialGradSums = kernel_object(
     batch_norm2d_partial_grad_sums, entry=partials_entry(2), example=(8, 256), pointer_dtypes=_STATS,
-    helpers=CHUNK_WALK)
+    helpers=(chunk_grad_lane_sums, *CHUNK_WALK))
 BatchNorm2dTrainBackwardDx = kernel_object(
     batch_norm2d_train_backward_dx, entry=second_pass_entry(2), example=(8, 256, 64), pointer_dtypes=_STATS,
     helpers=(reversed_chunk, *CHUNK_WALK))
