@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ...kernel import kernel_object
 from ..common.checks import check_grid_3d, check_numel
-from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
+from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row, split_slice
 from .checks import check_conv_launch
 from ..common.host_math import cdiv
 from ..common.tensor_core import conv_dot
@@ -58,6 +58,18 @@ def conv2d_gemm_cl_forward_entry(k, a):
     check_forward_k_slices(k, a, k.g)
     return check_grid_3d(cdiv(a.B, images) * cdiv(a.OH * a.OW, k.block_q),
                          cdiv(a.C_OUT, k.block_n), k.split_k)
+
+
+@triton.jit
+def image_tile(pid, pixels_per_image, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """(b, q) of the BLOCK_M rows of pixel tile `pid` (`check_image_tiles`), pid = g*T + t with T =
+    cdiv(pixels_per_image, BLOCK_Q): row r is pixel q = t*BLOCK_Q + r % BLOCK_Q of image b = g*I + r // BLOCK_Q,
+    I = BLOCK_M/BLOCK_Q images by BLOCK_Q pixels each."""
+    tiles_per_image = tl.cdiv(pixels_per_image, BLOCK_Q)
+    row = tl.arange(0, BLOCK_M)
+    b = (pid // tiles_per_image) * (BLOCK_M // BLOCK_Q) + row // BLOCK_Q
+    q = (pid % tiles_per_image) * BLOCK_Q + row % BLOCK_Q
+    return b, q
 
 
 @triton.jit
@@ -144,10 +156,7 @@ def conv2d_gemm_cl_forward(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     ohw = OH * OW
-    tiles_per_image = tl.cdiv(ohw, BLOCK_Q)
-    row = tl.arange(0, BLOCK_M)
-    b = (pid_m // tiles_per_image) * (BLOCK_M // BLOCK_Q) + row // BLOCK_Q
-    q = (pid_m % tiles_per_image) * BLOCK_Q + row % BLOCK_Q
+    b, q = image_tile(pid_m, ohw, BLOCK_M, BLOCK_Q)
     q_ok = (q < ohw) & (b < B)
     ih_first = (q // OW) * STRIDE_H - PAD_H
     iw_first = (q % OW) * STRIDE_W - PAD_W
@@ -346,10 +355,7 @@ def conv2d_gemm_cl_dw(
     tiles_per_m = tl.cdiv(taps, TAP_SPAN) * channel_blocks
     product_tiles = tl.cdiv(C_OUT, BLOCK_M) * tiles_per_m
     ohw = OH * OW
-    pixels = B * ohw
-    slice_len = tl.cdiv(tl.cdiv(pixels, SPLIT), BLOCK_K) * BLOCK_K
-    slice_first = split * slice_len
-    slice_end = tl.minimum(slice_first + slice_len, pixels)
+    slice_first, slice_end = split_slice(B * ohw, split, SPLIT, BLOCK_K)
     row = partial_row(partial, split, C_OUT * cin_per_group * taps, C_OUT, HAS_BIAS)
     if pid_tile < product_tiles:
         tile_n = pid_tile % tiles_per_m
@@ -408,8 +414,8 @@ def conv2d_gemm_cl_dw(
 
 Conv2dGemmClForward = kernel_object(
     conv2d_gemm_cl_forward,
-    helpers=(conv_dot, group_window, window_start, window_ok, group_window_width, tile_window, add_forward_bias,
-             forward_y_offset, store_forward_tile),
+    helpers=(conv_dot, image_tile, group_window, window_start, window_ok, group_window_width, tile_window,
+             add_forward_bias, forward_y_offset, store_forward_tile),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, False, True, False, False, 128, 64, 64, 128, 1),
     entry=conv2d_gemm_cl_forward_entry,
     pointer_dtypes={"partial": torch.float32},
@@ -420,7 +426,8 @@ Conv2dGemmClForward = kernel_object(
 )
 Conv2dGemmClDw = kernel_object(
     conv2d_gemm_cl_dw,
-    helpers=(conv_dot, group_window, window_start, window_ok, group_window_width, *PARTIAL_ROW_HELPERS),
+    helpers=(conv_dot, group_window, window_start, window_ok, group_window_width, split_slice,
+             *PARTIAL_ROW_HELPERS),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, False, True, 64, 64, 64, 1),
     entry=conv2d_gemm_cl_dw_entry,
     pointer_dtypes={"partial": torch.float32},

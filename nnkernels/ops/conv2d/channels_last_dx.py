@@ -18,8 +18,8 @@ import triton.language as tl
 
 from ...kernel import kernel_object
 from ..common.checks import check_grid_3d, check_numel
-from .channels_last import (check_image_tiles, check_whole_windows, group_window, group_window_width, tile_window,
-                            window_ok, window_start, window_width)
+from .channels_last import (check_image_tiles, check_whole_windows, group_window, group_window_width, image_tile,
+                            tile_window, window_ok, window_start, window_width)
 from .gemm_dx import phase_taps
 from .checks import check_conv_launch
 from ..common.host_math import cdiv
@@ -80,10 +80,7 @@ def conv2d_gemm_cl_dx(
     count_w, first_w, step_w, shift_w, delta_w = phase_taps(phase_w, KW, STRIDE_W, PAD_W, DIL_W)
     rows = tl.cdiv(H, STRIDE_H)
     cols = tl.cdiv(W, STRIDE_W)
-    tiles_per_image = tl.cdiv(rows * cols, BLOCK_Q)
-    tile_row = tl.arange(0, BLOCK_M)
-    b = (pid_m // tiles_per_image) * (BLOCK_M // BLOCK_Q) + tile_row // BLOCK_Q
-    q = (pid_m % tiles_per_image) * BLOCK_Q + tile_row % BLOCK_Q
+    b, q = image_tile(pid_m, rows * cols, BLOCK_M, BLOCK_Q)
     row = q // cols
     col = q % cols
     ih = phase_h + row * STRIDE_H
@@ -152,7 +149,7 @@ def conv2d_gemm_cl_dx(
 
 Conv2dGemmClDx = kernel_object(
     conv2d_gemm_cl_dx,
-    helpers=(phase_taps, conv_dot, group_window, window_start, window_ok, group_window_width, tile_window),
+    helpers=(phase_taps, conv_dot, image_tile, group_window, window_start, window_ok, group_window_width, tile_window),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, False, 128, 64, 64, 128),
     entry=conv2d_gemm_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),

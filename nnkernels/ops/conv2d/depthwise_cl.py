@@ -44,6 +44,15 @@ def conv2d_depthwise_cl_dw_entry(k, a):
 
 
 @triton.jit
+def _pixel_channel_block(B, ROWS, COLS, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program (i, j)'s block of an NHWC array [B, ROWS, COLS, C]: pixels q = i*BLOCK_P + ... (`nhwc_pixels`,
+    q = (b*ROWS + row)*COLS + col) by channels c = j*BLOCK_C + ...: (q, b, row, col, q < B*ROWS*COLS, c, c < C)."""
+    q, b, row, col = nhwc_pixels(tl.program_id(0), ROWS, COLS, BLOCK_P)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    return q, b, row, col, q < B * ROWS * COLS, c, c < C
+
+
+@triton.jit
 def conv2d_depthwise_cl_forward(
     x, w, bias, y, B, C, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
@@ -58,10 +67,7 @@ def conv2d_depthwise_cl_forward(
             * w[c, 0, kh, kw]  (+ bias[c] when HAS_BIAS),
     x read as 0 outside the image. Sums in fp32; every y is written.
     """
-    q, b, oh, ow = nhwc_pixels(tl.program_id(0), OH, OW, BLOCK_P)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    q_ok = q < B * OH * OW
-    c_ok = c < C
+    q, b, oh, ow, q_ok, c, c_ok = _pixel_channel_block(B, OH, OW, C, BLOCK_P, BLOCK_C)
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for kh in tl.static_range(KH):
         for kw in tl.static_range(KW):
@@ -80,7 +86,7 @@ Conv2dDepthwiseClForward = kernel_object(
     entry=conv2d_depthwise_cl_forward_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS",),
-    helpers=(nhwc_pixels, load_nhwc, store_nhwc),
+    helpers=(_pixel_channel_block, nhwc_pixels, load_nhwc, store_nhwc),
 )
 
 
@@ -99,10 +105,7 @@ def conv2d_depthwise_cl_dx(
     over the taps with oh = (ih + PAD_H - kh*DIL_H) / STRIDE_H whole and 0 <= oh < OH (likewise ow).
     Sums in fp32; every dx is written.
     """
-    q, b, ih, iw = nhwc_pixels(tl.program_id(0), H, W, BLOCK_P)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    q_ok = q < B * H * W
-    c_ok = c < C
+    q, b, ih, iw, q_ok, c, c_ok = _pixel_channel_block(B, H, W, C, BLOCK_P, BLOCK_C)
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for kh in tl.static_range(KH):
         th = ih + PAD_H - kh * DIL_H
@@ -122,7 +125,7 @@ Conv2dDepthwiseClDx = kernel_object(
     example=(3, 3, 1, 1, 1, 1, 1, 1, 32, 64),
     entry=conv2d_depthwise_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
-    helpers=(nhwc_pixels, load_nhwc, store_nhwc),
+    helpers=(_pixel_channel_block, nhwc_pixels, load_nhwc, store_nhwc),
 )
 
 

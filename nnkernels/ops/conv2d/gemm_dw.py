@@ -14,7 +14,7 @@ import triton.language as tl
 from ...kernel import kernel_object
 from ..common.checks import check_grid_3d, check_numel
 from .checks import check_conv_launch
-from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
+from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row, split_slice
 from ..common.host_math import cdiv
 from ..common.tensor_core import conv_dot
 
@@ -62,10 +62,7 @@ def conv2d_gemm_dw(
     num_n_tiles = tl.cdiv(n_total, BLOCK_N)
     product_tiles = tl.cdiv(cout_per_group, BLOCK_M) * num_n_tiles
     ohw = OH * OW
-    pixels = B * ohw
-    slice_len = tl.cdiv(tl.cdiv(pixels, SPLIT), BLOCK_K) * BLOCK_K
-    slice_first = split * slice_len
-    slice_end = tl.minimum(slice_first + slice_len, pixels)
+    slice_first, slice_end = split_slice(B * ohw, split, SPLIT, BLOCK_K)
     row = partial_row(partial, split, C_OUT * n_total, C_OUT, HAS_BIAS)
     if pid_tile < product_tiles:
         c_out = (pid_tile // num_n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -114,7 +111,7 @@ def conv2d_gemm_dw(
 
 Conv2dGemmDw = kernel_object(
     conv2d_gemm_dw,
-    helpers=(conv_dot, *PARTIAL_ROW_HELPERS),
+    helpers=(conv_dot, split_slice, *PARTIAL_ROW_HELPERS),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, 64, 64, 64),
     entry=conv2d_gemm_dw_entry,
     pointer_dtypes={"partial": torch.float32},

@@ -12,6 +12,7 @@ import triton.language as tl
 
 from ...kernel import kernel_object
 from .checks import check_conv_launch
+from .gemm_forward import store_nchw_transposed
 from ..common.checks import check_grid_3d
 from ..common.host_math import cdiv
 from ..common.tensor_core import conv_dot
@@ -122,16 +123,12 @@ def conv2d_gemm_dx(
         acc = conv_dot(tl.trans(dy_tile), w_tile, acc, TF32)
     dx_pixel = b.to(tl.int64) * C_IN * H * W + ih * W + iw
     dx_channel = (group * cin_per_group + c_in).to(tl.int64) * H * W
-    tl.store(
-        dx + dx_channel[:, None] + dx_pixel[None, :],
-        tl.trans(acc).to(dx.dtype.element_ty),
-        mask=c_in_ok[:, None] & pixel_ok[None, :],
-    )
+    store_nchw_transposed(dx, dx_channel, dx_pixel, acc, c_in_ok, pixel_ok)
 
 
 Conv2dGemmDx = kernel_object(
     conv2d_gemm_dx,
-    helpers=(phase_taps, conv_dot),
+    helpers=(phase_taps, conv_dot, store_nchw_transposed),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, 128, 64, 32),
     entry=conv2d_gemm_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),

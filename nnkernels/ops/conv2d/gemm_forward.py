@@ -24,6 +24,18 @@ def conv2d_gemm_forward_entry(k, a):
 
 
 @triton.jit
+def store_nchw_transposed(t, channel_offset, pixel_offset, acc, channel_ok, pixel_ok):
+    """t[channel_offset[n] + pixel_offset[m]] = acc[m, n] in t's type, where channel_ok[n] & pixel_ok[m]: the NCHW
+    implicit GEMMs' epilogue, their [pixels, channels] accumulator stored as [channels, pixels] so that the pixel
+    axis, contiguous in NCHW, is the fastest one."""
+    tl.store(
+        t + channel_offset[:, None] + pixel_offset[None, :],
+        tl.trans(acc).to(t.dtype.element_ty),
+        mask=channel_ok[:, None] & pixel_ok[None, :],
+    )
+
+
+@triton.jit
 def conv2d_gemm_forward(
     x, w, bias, y, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
@@ -85,16 +97,12 @@ def conv2d_gemm_forward(
         acc += bias_values.to(tl.float32)[None, :]
     y_pixel = b.to(tl.int64) * C_OUT * ohw + pixel_in_image
     y_channel = (group * cout_per_group + c_out).to(tl.int64) * ohw
-    tl.store(
-        y + y_channel[:, None] + y_pixel[None, :],
-        tl.trans(acc).to(y.dtype.element_ty),
-        mask=c_out_ok[:, None] & pixel_ok[None, :],
-    )
+    store_nchw_transposed(y, y_channel, y_pixel, acc, c_out_ok, pixel_ok)
 
 
 Conv2dGemmForward = kernel_object(
     conv2d_gemm_forward,
-    helpers=(conv_dot,),
+    helpers=(conv_dot, store_nchw_transposed),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, 128, 64, 32),
     entry=conv2d_gemm_forward_entry,
     nonnegative=("PAD_H", "PAD_W"),

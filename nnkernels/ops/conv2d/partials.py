@@ -2,7 +2,8 @@
 
 A split dw kernel writes, per slice s of its reduction, one row of `partial`: dw's C_OUT*(C_IN/G)*KH*KW sums
 (in dw's order, or tap-major for the TMA dw), then C_OUT bias sums when it has a bias. `Conv2dDwReduce` adds
-the rows in a fixed order and rounds once, so dw is bitwise reproducible run to run.
+the rows in a fixed order and rounds once, so dw is bitwise reproducible run to run. `split_slice` is the
+share of the reduction each slice sums.
 """
 import torch
 import triton
@@ -34,6 +35,15 @@ def partial_row(partial, split, N_DW, C_OUT, HAS_BIAS: tl.constexpr):
 
 # The helpers of a kernel that calls `partial_row` (for its sources and content hash).
 PARTIAL_ROW_HELPERS = (partial_row, partial_row_length)
+
+
+@triton.jit
+def split_slice(total, split, SPLIT, BLOCK: tl.constexpr):
+    """[first, end) of slice `split` of a reduction over range(total) cut into SPLIT slices of whole BLOCK
+    steps: first = split*L, end = min(first + L, total), L = cdiv(cdiv(total, SPLIT), BLOCK)*BLOCK."""
+    slice_len = tl.cdiv(tl.cdiv(total, SPLIT), BLOCK) * BLOCK
+    first = split * slice_len
+    return first, tl.minimum(first + slice_len, total)
 
 
 def conv2d_dw_reduce_entry(k, a):
