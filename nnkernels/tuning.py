@@ -15,8 +15,8 @@ Cost bound: candidates are tried in order and no new one is started once TUNING_
 `choose` began on this kind and shape, unless it is the first of its family tried (`family`: its algorithm
 where the choice names one, else its type): a first candidate that compiles for longer than the budget must
 not win unopposed, since another algorithm may be many times faster. `NNKERNELS_TUNE=quick` (the default)
-tries the first QUICK_CANDIDATES, `full` all of them. What a choice means is its caller's: the tuner knows no op, only that a kind begins with
-its layer's name (`kernels_fingerprint`).
+tries the first QUICK_CANDIDATES, `full` all of them. What a choice means is its caller's: the tuner knows no
+op, only that a kind begins with its layer's name (`kernels_fingerprint`).
 """
 from __future__ import annotations
 
