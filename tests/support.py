@@ -91,8 +91,9 @@ def dtype_id(dtype) -> str:
 
 
 def force_choice(monkeypatch, index, offered=None):
-    """Every op's tuning answers with candidate `index` of its list (the last one where the list is shorter), on
-    plans built afresh; `offered`, a dict, collects each kind's list."""
+    """Every op's tuning answers with candidate `index` of its list (the last one where the list is shorter; or,
+    `index` a function, the candidate `index(list)` returns), on plans built afresh; `offered`, a dict, collects
+    each kind's list."""
     from nnkernels import tuning
     from nnkernels.functional import clear_plans
 
@@ -100,7 +101,7 @@ def force_choice(monkeypatch, index, offered=None):
         listed = candidates()
         if offered is not None:
             offered[kind] = listed
-        return listed[min(index, len(listed) - 1)]
+        return index(listed) if callable(index) else listed[min(index, len(listed) - 1)]
 
     monkeypatch.setattr(tuning, "choose", pick)
     clear_plans()

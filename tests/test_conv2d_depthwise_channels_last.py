@@ -7,6 +7,7 @@ References: torch's grouped convolution (groups = C) and its autograd in float64
 import pytest
 import torch
 
+from nnkernels import tuning
 from nnkernels.functional.common import last_kernels
 from nnkernels.functional.conv import conv2d, kernels_for
 from nnkernels.ops.conv2d.depthwise_cl import Conv2dDepthwiseClDw, Conv2dDepthwiseClDx, Conv2dDepthwiseClForward
@@ -80,12 +81,18 @@ def test_every_result_is_the_same_bits_every_run():
     assert all(torch.equal(one, two) for one, two in zip(run(), run()))
 
 
+def _channels_last_first(listed):
+    return next(choice for choice in listed if choice.algorithm.startswith("depthwise_cl_"))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("case", CASES[:3])
 def test_conv2d_reads_and_writes_channels_last_depthwise_in_place(case, dtype, monkeypatch):
-    """The channels-last kernels chosen (on a GPU tuning may time the NCHW ones faster on these small shapes): no
-    layout copy either way; y and dx channels-last as torch gives them; `kernels_for` names the launches."""
-    force_choice(monkeypatch, 0)
+    """The channels-last kernels chosen (on a GPU tuning may time the NCHW ones faster, and ranks them first on
+    5x5 windows): no layout copy either way; y and dx channels-last as torch gives them; `kernels_for` names the
+    launches."""
+    force_choice(monkeypatch, _channels_last_first)
+    monkeypatch.setattr(tuning, "peek", lambda kind, key, candidates, decode: _channels_last_first(candidates))
     B, C, H, W, KH, KW, stride, pad, dil, has_bias = case
     x = randn(B, C, H, W, dtype=dtype).contiguous(memory_format=CL).requires_grad_()
     w = randn(C, 1, KH, KW, dtype=dtype).requires_grad_()
@@ -127,3 +134,17 @@ def test_tuning_times_the_channels_last_kernels_against_the_nchw_ones_through_co
     assert "channels_last_copy" in " ".join(last_kernels("conv2d")["forward"])
     assert y.is_contiguous(memory_format=CL) and grads[0].is_contiguous(memory_format=CL)
     assert_conv2d_matches_float64(y, grads, (x, w), dy, ((1, 1), (1, 1), (1, 1), 16), torch.float32)
+
+
+def test_on_a_gpu_windows_of_more_than_nine_taps_rank_the_nchw_kernels_first():
+    """5x5 windows: the NCHW kernels first, the channels-last ones still offered; 3x3: the channels-last first."""
+    from nnkernels.functional.conv_algorithms import dw_pass, dx_pass, forward_pass
+    from nnkernels.functional.conv_problem import Problem
+
+    for k, first in ((5, "depthwise_"), (3, "depthwise_cl_")):
+        p = Problem((32, 72, 56, 56), (72, 1, k, k), (2, 2), (k // 2, k // 2), (1, 1), 72, torch.bfloat16, False,
+                    GPU, nhwc=True)
+        for pass_ in (forward_pass(p), dx_pass(p), dw_pass(p)):
+            algorithms = [choice.algorithm for choice in pass_.candidates()]
+            assert algorithms[0].startswith(first) and ("_cl_" in algorithms[0]) == (k == 3), (k, algorithms)
+            assert any("_cl_" in a for a in algorithms) and any("_cl_" not in a for a in algorithms)
