@@ -259,6 +259,27 @@ def test_precompile_launches_only_a_remembered_choice(gpu_lists, monkeypatch):
     assert launched == [k.id for k in forward.kernels(second)]
 
 
+def test_choice_calls_run_each_passs_choices_in_order(gpu_lists, monkeypatch):
+    """`choice_calls` lists every candidate of the forward, dx and dw (the GPU's lists), each call launching that
+    choice's kernels and nothing else."""
+    from nnkernels import launcher
+    from nnkernels.functional.conv import _listed_problem, choice_calls
+    from nnkernels.functional.conv_algorithms import dw_pass, dx_pass, forward_pass
+
+    x, w = randn(2, 16, 6, 6), randn(16, 16, 3, 3)
+    p = _listed_problem(x.shape, w.shape, 1, 1, 1, 1, x.dtype, False)
+    passes = {"forward": forward_pass(p), "dx": dx_pass(p), "dw": dw_pass(p)}
+    calls = choice_calls(x, w, padding=1)
+    assert [(name, choice) for name, choice, _ in calls] == [
+        (name, choice) for name, pass_ in passes.items() for choice in pass_.candidates()]
+    launched = []
+    monkeypatch.setattr(launcher.Launcher, "__call__", lambda self, *args: launched.append(self.kernel.id))
+    for name, choice, call in calls:
+        launched.clear()
+        call()
+        assert launched == [k.id for k in passes[name].kernels(choice)], (name, choice)
+
+
 def test_tuning_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
     """`choose` on a fake timer: the fastest config wins, lands in the JSON file, and is reused without
     listing the candidates again."""

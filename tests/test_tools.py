@@ -151,3 +151,11 @@ def test_grouped_convs_takes_the_grouped_layers_only():
 
     dense, grouped, depthwise, multiplier = shape(16, 16, 1), shape(16, 16, 4), shape(16, 16, 16), shape(16, 32, 16)
     assert _tool("grouped_convs").grouped_layers([dense, grouped, depthwise, multiplier]) == [grouped, multiplier]
+
+
+def test_conv_candidates_takes_a_layers_options():
+    """The GPU timing aside (it needs CUDA), its options parse; what it times is `conv.choice_calls`, tested with
+    the functional op."""
+    out = subprocess.run([sys.executable, str(TOOLS / "conv_candidates.py"), "--help"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
+    assert all(option in out for option in ("--kernel", "--groups", "--channels-last", "--count"))

@@ -15,6 +15,7 @@ the channels-last kernels read x and dy and write y and dx in that layout, other
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -587,30 +588,42 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     channels-last choices, as `conv2d` would run them."""
     from .. import tuning
 
-    p = _listed_problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype, bias,
-                        channels_last_output(x, weight), _is_channels_last(weight))
-    p.device = x.device
-    x = _ready_channels_last(x) if p.nhwc else _ready(x)
-    forward_weight, weight = (aligned(weight) if p.w_nhwc else _ready(weight)), _ready(weight)  # dx reads it NCHW
-    bias_arg = torch.zeros(p.C_OUT, dtype=x.dtype, device=x.device) if bias else None
     count = None if full else tuning.QUICK_CANDIDATES
 
     def choices(pass_):
         known = None if full else pass_.remembered()
         return [known] if known is not None else pass_.candidates()[:count]
 
+    for _, _, call in choice_calls(x, weight, stride, padding, dilation, groups, bias, backward, choices):
+        call()
+
+
+def choice_calls(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, choices=None):
+    """[(pass, choice, call)]: per pass ("forward", then "dx" and "dw" with `backward`) each of `choices(pass_)`
+    (default: every candidate), `call()` running that choice's runner once, as `conv2d` would for this call, on
+    x, the weight and an uninitialised dy (outputs new each call). What `precompile` compiles and what a tool times
+    candidate by candidate."""
+    p = _listed_problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype, bias,
+                        channels_last_output(x, weight), _is_channels_last(weight))
+    p.device = x.device
+    x = _ready_channels_last(x) if p.nhwc else _ready(x)
+    forward_weight, weight = (aligned(weight) if p.w_nhwc else _ready(weight)), _ready(weight)  # dx reads it NCHW
+    bias_arg = torch.zeros(p.C_OUT, dtype=x.dtype, device=x.device) if bias else None
+    dy = _empty(p.y_shape, x, p.nhwc)
+    choices = choices or (lambda pass_: pass_.candidates())
     forward = forward_pass(p)
-    outputs = [forward.runner(choice)(x, forward_weight, bias_arg) for choice in choices(forward)]
+    calls = [("forward", choice, functools.partial(forward.runner(choice), x, forward_weight, bias_arg))
+             for choice in choices(forward)]
     if not backward:
-        return
-    dy = outputs[0]  # the forward's output stands in for dy
+        return calls
     dx = dx_pass(p)
     for choice in choices(dx):
         run = dx.runner(choice)
-        (_as_dx(run) if dx.problem is not p else run)(dy, weight, None)
+        dx_run = _as_dx(run) if dx.problem is not p else run
+        calls.append(("dx", choice, functools.partial(dx_run, dy, weight, None)))
     dw = dw_pass(p)
-    for choice in choices(dw):
-        dw.runner(choice)(dy, x, None)
+    calls += [("dw", choice, functools.partial(dw.runner(choice), dy, x, None)) for choice in choices(dw)]
+    return calls
 
 
 def _conv_kernel_classes():

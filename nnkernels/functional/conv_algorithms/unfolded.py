@@ -98,9 +98,9 @@ class UnfoldedDw(Algorithm):
 
     def kernels(self, p, config):
         out_size = (p.OH, p.OW)
-        copies = [unfold_kernel(p.geometry, out_size, p.dtype, p.rows_outer_dw)]
-        if p.rows_outer_dw:
-            copies.append(unfold_kernel(ROWS_OUTER_COPY, out_size, p.dtype, True))
+        # In launch order: the runner unfolds dy's rows (rows-outer only) before x's columns.
+        copies = [unfold_kernel(ROWS_OUTER_COPY, out_size, p.dtype, True)] if p.rows_outer_dw else []
+        copies.append(unfold_kernel(p.geometry, out_size, p.dtype, p.rows_outer_dw))
         return copies + [weight_product_kernel(p, config), reduce_kernel(p, p.has_bias)]
 
     def runner(self, p, config):
