@@ -10,7 +10,8 @@ import torch
 from nnkernels import tuning
 from nnkernels.functional.common import last_kernels
 from nnkernels.functional.conv import conv2d, kernels_for
-from nnkernels.ops.conv2d.depthwise_cl import Conv2dDepthwiseClDw, Conv2dDepthwiseClDx, Conv2dDepthwiseClForward
+from nnkernels.ops.conv2d.depthwise_cl import (Conv2dDepthwiseClDw, Conv2dDepthwiseClDx, Conv2dDepthwiseClForward,
+                                                channel_alignment)
 from nnkernels.ops.conv2d.partials import Conv2dDwReduce, dw_partial_size
 from support import DTYPES, GPU, assert_close, assert_conv2d_matches_float64, dtype_id, force_choice, poisoned, randn
 
@@ -22,6 +23,7 @@ CASES = [
     pytest.param((2, 20, 9, 8, 5, 5, (2, 2), (2, 2), (1, 1), False), id="5x5-stride2"),
     pytest.param((2, 12, 10, 9, 3, 3, (2, 1), (2, 1), (2, 3), True), id="dilated-mixed-strides"),
     pytest.param((1, 40, 6, 11, 1, 7, (1, 1), (0, 3), (1, 1), False), id="1x7"),
+    pytest.param((2, 13, 6, 7, 3, 3, (1, 1), (1, 1), (1, 1), True), id="odd-channels"),
 ]
 
 
@@ -31,7 +33,8 @@ def _stored(t):
 
 def _run_all(case, dtype, block_p=16, block_c=8, split=3):
     """(output, float64 reference, `assert_close` floor) of the forward, dx, dw and dbias of `case`, every
-    kernel launched directly on channels-last tensors with tile BLOCK_P x BLOCK_C and dw in `split` slices."""
+    kernel launched directly on channels-last tensors with tile BLOCK_P x BLOCK_C, dw in `split` slices and the
+    channels' vector alignment as the plans set it (`channel_alignment`: 1 to 8)."""
     B, C, H, W, KH, KW, stride, pad, dil, has_bias = case
     OH = (H + 2 * pad[0] - dil[0] * (KH - 1) - 1) // stride[0] + 1
     OW = (W + 2 * pad[1] - dil[1] * (KW - 1) - 1) // stride[1] + 1
@@ -40,13 +43,15 @@ def _run_all(case, dtype, block_p=16, block_c=8, split=3):
     w = randn(C, 1, KH, KW, dtype=dtype)
     bias = randn(C, dtype=dtype) if has_bias else None
     geometry, sizes = (KH, KW, *stride, *pad, *dil), (B, C, H, W, OH, OW)
+    c_align = channel_alignment(C, x.element_size())
     y = poisoned(B, C, OH, OW, dtype=dtype).contiguous(memory_format=CL)
-    Conv2dDepthwiseClForward(*geometry, has_bias, block_p, block_c, dtype=dtype).launch(
+    Conv2dDepthwiseClForward(*geometry, has_bias, block_p, block_c, c_align, dtype=dtype).launch(
         _stored(x), w, bias if has_bias else _stored(y), _stored(y), *sizes)
     dx = poisoned(B, C, H, W, dtype=dtype).contiguous(memory_format=CL)
-    Conv2dDepthwiseClDx(*geometry, block_p, block_c, dtype=dtype).launch(_stored(dy), w, _stored(dx), *sizes)
+    Conv2dDepthwiseClDx(*geometry, block_p, block_c, c_align, dtype=dtype).launch(_stored(dy), w, _stored(dx),
+                                                                                *sizes)
     partial = poisoned(split, dw_partial_size(C, 1, KH, KW, has_bias))
-    Conv2dDepthwiseClDw(*geometry, has_bias, block_p, block_c, dtype=dtype).launch(
+    Conv2dDepthwiseClDw(*geometry, has_bias, block_p, block_c, c_align, dtype=dtype).launch(
         _stored(dy), _stored(x), partial, *sizes, split)
     dw, dbias = poisoned(C, 1, KH, KW, dtype=dtype), poisoned(C, dtype=dtype)
     Conv2dDwReduce(has_bias, 1, 1, 8, 16, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
@@ -70,6 +75,22 @@ def test_channels_last_depthwise_kernels_match_float64(case):
 def test_channels_last_depthwise_kernels_16bit(dtype):
     for out, ref, floor in _run_all(CASES[0].values[0], dtype, block_p=32, block_c=16, split=2):
         assert_close(out, ref, dtype, floor=floor)
+
+
+def test_channel_alignment_is_the_largest_power_of_two_dividing_the_channels_up_to_16_bytes():
+    assert [channel_alignment(c, 2) for c in (72, 120, 64, 13, 20)] == [8, 8, 8, 1, 4]
+    assert [channel_alignment(c, 4) for c in (72, 6, 13)] == [4, 2, 1]
+
+
+@pytest.mark.parametrize("c_align", [3, 16])
+def test_an_alignment_that_does_not_divide_the_channels_is_refused_with_nothing_written(c_align):
+    x = randn(1, 24, 5, 5).contiguous(memory_format=CL)
+    w = randn(24, 1, 3, 3)
+    y = poisoned(1, 24, 5, 5).contiguous(memory_format=CL)
+    kernel = Conv2dDepthwiseClForward(3, 3, 1, 1, 1, 1, 1, 1, False, 16, 8, c_align)
+    with pytest.raises(ValueError, match=r"C_ALIGN: expected a power of two dividing C = 24, got " + str(c_align)):
+        kernel.launch(_stored(x), w, _stored(y), _stored(y), 1, 24, 5, 5, 5, 5)
+    assert y.isnan().all()
 
 
 def test_every_result_is_the_same_bits_every_run():

@@ -4,7 +4,8 @@ stand in one tier, so tuning times them against each other."""
 from __future__ import annotations
 
 from ...launcher import Launcher
-from ...ops.conv2d.depthwise_cl import Conv2dDepthwiseClDw, Conv2dDepthwiseClDx, Conv2dDepthwiseClForward
+from ...ops.conv2d.depthwise_cl import (Conv2dDepthwiseClDw, Conv2dDepthwiseClDx, Conv2dDepthwiseClForward,
+                                        channel_alignment)
 from ..common import channels_last_allocator
 from ..nhwc_tiles import ChannelsLastTile, nhwc_tiles
 from .base import Algorithm, make_kernel, register
@@ -41,7 +42,8 @@ class _DepthwiseChannelsLast(Algorithm):
 
     def kernels(self, p, tile):
         flags = (p.has_bias,) if self.takes_bias else ()
-        return [make_kernel(self.kernel_class, p.geometry + flags + (tile.block_p, tile.block_c), p,
+        alignment = channel_alignment(p.C_IN, p.dtype.itemsize)
+        return [make_kernel(self.kernel_class, p.geometry + flags + (tile.block_p, tile.block_c, alignment), p,
                             num_warps=tile.num_warps, num_stages=1)]
 
 

@@ -12,7 +12,7 @@ import triton.language as tl
 from ...kernel import INT32_MAX, kernel_object
 from ..common.checks import check_grid_3d
 from ..common.host_math import cdiv
-from ..common.tiles import load_nhwc, nhwc_pixels, store_nhwc
+from ..common.tiles import load_nhwc, nhwc_pixels, nhwc_row, store_nhwc
 from .gather import check_pooled_tensors, check_window
 
 
@@ -49,7 +49,7 @@ def pixel_means(sums, h0, w0, H, W, KH: tl.constexpr, KW: tl.constexpr, PAD_H: t
 # What both kernels declare: their example constants, entry check, and the helpers their source takes.
 _CL_POOL_KERNEL = dict(example=(3, 3, 2, 2, 1, 1, False, 0, False, 32, 64), entry=avg_pool2d_cl_entry,
                        nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"), flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
-                       helpers=(nhwc_pixels, load_nhwc, store_nhwc, pixel_means))
+                       helpers=(nhwc_pixels, nhwc_row, load_nhwc, store_nhwc, pixel_means))
 
 
 @triton.jit
@@ -76,9 +76,9 @@ def avg_pool2d_cl_forward(
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for kh in tl.static_range(KH):
         for kw in tl.static_range(KW):
-            acc += load_nhwc(x, b, h0 + kh, w0 + kw, c, H, W, C, q_ok, c_ok).to(tl.float32)
+            acc += load_nhwc(x, b, h0 + kh, w0 + kw, c, H, W, C, q_ok, c_ok, 1).to(tl.float32)
     means = pixel_means(acc, h0, w0, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD, DIVISOR_OVERRIDE, UNIFORM)
-    store_nhwc(y, q, c, C, means, q_ok, c_ok)
+    store_nhwc(y, q, c, C, means, q_ok, c_ok, 1)
 
 
 AvgPool2dClForward = kernel_object(avg_pool2d_cl_forward, **_CL_POOL_KERNEL)
@@ -109,10 +109,10 @@ def avg_pool2d_cl_backward(
         for i in tl.static_range((KW + STRIDE_W - 1) // STRIDE_W):
             ow = (iw + PAD_W) // STRIDE_W - i
             covers = q_ok & (ih + PAD_H - oh * STRIDE_H < KH) & (iw + PAD_W - ow * STRIDE_W < KW)
-            dyv = load_nhwc(dy, b, oh, ow, c, OH, OW, C, covers, c_ok)
+            dyv = load_nhwc(dy, b, oh, ow, c, OH, OW, C, covers, c_ok, 1)
             acc += pixel_means(dyv.to(tl.float32), oh * STRIDE_H - PAD_H, ow * STRIDE_W - PAD_W, H, W, KH, KW, PAD_H,
                                PAD_W, COUNT_INCLUDE_PAD, DIVISOR_OVERRIDE, UNIFORM)
-    store_nhwc(dx, q, c, C, acc, q_ok, c_ok)
+    store_nhwc(dx, q, c, C, acc, q_ok, c_ok, 1)
 
 
 AvgPool2dClBackward = kernel_object(avg_pool2d_cl_backward, **_CL_POOL_KERNEL)

@@ -3,12 +3,7 @@ as rows of the output, in vector stores where ROW_ALIGN allows."""
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def columns_in(cols, row_length, ROW_ALIGN: tl.constexpr):
-    """Which of the columns `cols` are < row_length (a multiple of ROW_ALIGN), compared a ROW_ALIGN group at a
-    time: the mask is then constant over each aligned group, which lets its loads and stores be vectors."""
-    return (cols // ROW_ALIGN) < (row_length // ROW_ALIGN)
+from ..common.tiles import columns_in
 
 
 @triton.jit

@@ -20,7 +20,8 @@ import triton.language as tl
 from ...kernel import INT32_MAX, kernel_object
 from ..common.checks import check_grid, check_numel
 from ..common.host_math import cdiv
-from .epilogue import columns_in, store_rows
+from ..common.tiles import columns_in
+from .epilogue import store_rows
 
 
 def pooled_size(size, kernel, stride, pad, ceil_mode):

@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from ...kernel import INT32_MAX, kernel_object
-from .epilogue import columns_in, store_rows
+from ..common.tiles import columns_in
+from .epilogue import store_rows
 from .gather import check_pooled_tensors, check_window, row_align, window_divisor, window_means
 from ..common.checks import check_grid
 from ..common.host_math import cdiv

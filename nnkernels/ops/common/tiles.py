@@ -38,16 +38,35 @@ def nhwc_pixels(block, OH, OW, BLOCK_P: tl.constexpr):
 
 
 @triton.jit
-def load_nhwc(t, b, row, col, c, ROWS, COLS, C, ok, c_ok):
+def columns_in(cols, row_length, ROW_ALIGN: tl.constexpr):
+    """Which of the columns `cols` are < row_length (a multiple of ROW_ALIGN), compared a ROW_ALIGN group at a
+    time: the mask is then constant over each aligned group, which lets its loads and stores be vectors."""
+    return (cols // ROW_ALIGN) < (row_length // ROW_ALIGN)
+
+
+@triton.jit
+def nhwc_row(pixel, C, C_ALIGN: tl.constexpr):
+    """The offset of pixel `pixel`'s channels in an NHWC array of C channels, in int64; where C_ALIGN > 1 (a power
+    of two dividing C) the compiler is told it is a multiple of C_ALIGN, so that channel runs load as vectors."""
+    row = pixel.to(tl.int64) * C
+    if C_ALIGN > 1:
+        row = tl.multiple_of(row, C_ALIGN)
+    return row
+
+
+@triton.jit
+def load_nhwc(t, b, row, col, c, ROWS, COLS, C, ok, c_ok, C_ALIGN: tl.constexpr):
     """t[b, row, col, c] of an NHWC array [B, ROWS, COLS, C] as a [P, BLOCK_C] tile, for b, row, col, ok [P] and
-    c, c_ok [BLOCK_C]: 0 where ok or c_ok is false or (row, col) falls outside the ROWS x COLS image."""
+    c, c_ok [BLOCK_C]: 0 where ok or c_ok is false or (row, col) falls outside the ROWS x COLS image. C_ALIGN as
+    in `nhwc_row`."""
     inside = ok & (row >= 0) & (row < ROWS) & (col >= 0) & (col < COLS)
-    pixel = ((b * ROWS + row) * COLS + col).to(tl.int64) * C
+    pixel = nhwc_row((b * ROWS + row) * COLS + col, C, C_ALIGN)
     return tl.load(t + pixel[:, None] + c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
 
 
 @triton.jit
-def store_nhwc(t, pixel, c, C, values, pixel_ok, c_ok):
-    """t[pixel, c] = values [P, BLOCK_C] (cast to t's type) of the NHWC array t, where pixel_ok and c_ok hold."""
-    out = pixel.to(tl.int64) * C
+def store_nhwc(t, pixel, c, C, values, pixel_ok, c_ok, C_ALIGN: tl.constexpr):
+    """t[pixel, c] = values [P, BLOCK_C] (cast to t's type) of the NHWC array t, where pixel_ok and c_ok hold.
+    C_ALIGN as in `nhwc_row`."""
+    out = nhwc_row(pixel, C, C_ALIGN)
     tl.store(t + out[:, None] + c[None, :], values.to(t.dtype.element_ty), mask=pixel_ok[:, None] & c_ok[None, :])
