@@ -152,16 +152,18 @@ def test_channels_last_launches_check_sizes_and_write_nothing():
     M, C = 10, 6
     x, y = randn(M, C), poisoned(M, C)
     stats = [randn(C).abs() for _ in range(4)]  # weight, bias, mean, rstd
-    kernel = BatchNorm2dNhwcNormalize(4, 8)
+    kernel = BatchNorm2dNhwcNormalize(4, 8, 2)
     with pytest.raises(ValueError, match="x"):
         kernel.launch(randn(M - 1, C), y, *stats, M, C)
     with pytest.raises(ValueError, match="weight"):
         kernel.launch(x, y, randn(C + 1), *stats[1:], M, C)
     with pytest.raises(TypeError, match="mean"):
         kernel.launch(x, y, *stats[:2], stats[2].double(), stats[3], M, C)
+    with pytest.raises(ValueError, match="C_ALIGN: expected a power of two dividing C = 6, got 4"):
+        BatchNorm2dNhwcNormalize(4, 8, 4).launch(x, y, *stats, M, C)
     assert torch.isnan(y).all()
     partials = poisoned(3 * C * 2)
-    stats_kernel = BatchNorm2dNhwcPartialStats(4, 8)
+    stats_kernel = BatchNorm2dNhwcPartialStats(4, 8, 2)
     with pytest.raises(ValueError, match="ROW_STRIDE"):
         stats_kernel.launch(x, partials, M, C, 5, C)
     with pytest.raises(ValueError, match="partials"):
@@ -170,7 +172,7 @@ def test_channels_last_launches_check_sizes_and_write_nothing():
         stats_kernel.launch(x, partials, M, C, 0, C * 2)
     assert torch.isnan(partials).all()
     outputs = [poisoned(C) for _ in range(3)]  # mean, rstd, var_unbiased
-    fused = BatchNorm2dNhwcFusedForward(4, 8, False)
+    fused = BatchNorm2dNhwcFusedForward(4, 8, False, 2)
     with pytest.raises(ValueError, match="y"):
         fused.launch(x, y[:-1], *stats[:2], *outputs, *outputs[:2], M, C, 1e-5, 0.1)
     with pytest.raises(ValueError, match="var_unbiased"):

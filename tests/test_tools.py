@@ -111,6 +111,16 @@ def test_ttir_digests_see_the_program_not_its_names_and_compare_runs(tmp_path):
     assert tool.ttir_digest(ttir) == tool.ttir_digest(renamed)
     assert tool.ttir_digest(ttir) != tool.ttir_digest(ttir.replace("arith.muli", "arith.addi"))
     assert tool.ttir_digest(ttir) != tool.ttir_digest(ttir.replace("constant 8", "constant 9"))
+    # MLIR numbers two sibling loops' values from the same count; a helper's variable names them apart instead.
+    loops = ("tt.func @k(%x: i32) {\n"
+             "  %0 = scf.for %i = %x to %x step %x iter_args(%a = %x) -> (i32) : i32 {\n"
+             "    %7 = arith.addi %a, %i : i32\n    scf.yield %7 : i32\n  }\n"
+             "  %1 = scf.for %i = %x to %x step %x iter_args(%a = %0) -> (i32) : i32 {\n"
+             "    %7 = arith.muli %a, %i : i32\n    scf.yield %7 : i32\n  }\n}")
+    first, second = loops.split("  %1 = ")
+    named = first.replace("%7", "%row") + "  %1 = " + second.replace("%7", "%row_2")
+    assert tool.ttir_digest(loops) == tool.ttir_digest(named)
+    assert tool.ttir_digest(loops) != tool.ttir_digest(loops.replace("arith.muli %a, %i", "arith.muli %i, %a"))
     built = tool.shipped_kernels({"Conv2dGroupedWeight", "BatchNorm2dPartialStats"})
     assert {kid.split("__")[0] for kid in built} == {"conv2d_grouped_weight", "batch_norm2d_partial_stats"}
     before, after = tmp_path / "before.json", tmp_path / "after.json"

@@ -24,6 +24,8 @@ import sys
 
 LOCATION = re.compile(r" loc\((?:[^()]|\([^()]*\))*\)")  # loc(#loc3), loc("x.py":12:5), loc(callsite(...))
 VALUE = re.compile(r"%[\w$.]+")  # %sum_dy_42, %12, %arg9
+# A value's definition: `%y = op`, `scf.for %i = ...`, `iter_args(%acc = ...)`, an argument `%x: type`.
+DEFINITION = re.compile(r" = |:(?!:)")
 CONSTANT = re.compile(r"\s*(%[\w$.]+) = arith\.constant (.*)$")  # %c8_i32 = arith.constant 8 : i32
 
 
@@ -87,9 +89,11 @@ def _batch_norm_kernels(kind, shape, stored):
 
 def ttir_digest(ttir: str) -> str:
     """The TTIR's hash without its source locations (`loc(...)` operands and `#loc` lines), its constants named by
-    their values and its other values renamed in order of first appearance: Triton names values after the Python
-    variables, and hoists the constants in the order of their first uses, both of which a refactor may change."""
-    names: dict = {}
+    their values and its other values renamed in the order they are defined, each use by the latest definition of
+    its name: Triton names values after the Python variables, and hoists the constants in the order of their first
+    uses, and MLIR's printer numbers the values of sibling regions (two loops' bodies) from the same count, all of
+    which a refactor may change."""
+    constants: dict = {}
     lines = []
     for line in ttir.splitlines():
         if line.startswith("#loc"):
@@ -97,10 +101,22 @@ def ttir_digest(ttir: str) -> str:
         line = LOCATION.sub("", line)
         constant = CONSTANT.match(line)
         if constant:
-            names[constant.group(1)] = f"%const({constant.group(2)})"
+            constants[constant.group(1)] = f"%const({constant.group(2)})"
         else:
             lines.append(line)
-    canonical = VALUE.sub(lambda m: names.setdefault(m.group(0), f"%v{len(names)}"), "\n".join(lines))
+    names: dict = {}
+    defined = [0]
+
+    def rename(match):
+        name = match.group(0)
+        if name in constants:
+            return constants[name]
+        if DEFINITION.match(match.string, match.end()) or name not in names:
+            defined[0] += 1
+            names[name] = f"%v{defined[0]}"
+        return names[name]
+
+    canonical = "\n".join(VALUE.sub(rename, line) for line in lines)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

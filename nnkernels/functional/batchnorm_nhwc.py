@@ -20,7 +20,7 @@ from ..ops.batch_norm.channels_last import (BatchNorm2dNhwcBackwardDx, BatchNorm
                                             BatchNorm2dNhwcMergeGradSums, BatchNorm2dNhwcMergeStats,
                                             BatchNorm2dNhwcNormalize, BatchNorm2dNhwcPartialGradSums,
                                             BatchNorm2dNhwcPartialStats)
-from ..ops.common.host_math import cdiv, next_power_of_2
+from ..ops.common.host_math import cdiv, channel_alignment, next_power_of_2
 from .common import allocator, channels_last_allocator, fp32_rows_length, kernel
 
 F32 = torch.float32
@@ -93,17 +93,23 @@ def _merge_partials(chunks):
     return min(MERGE_PARTIALS, next_power_of_2(chunks))
 
 
+def _alignment(problem):
+    """C_ALIGN of the kernels that read [M, C] tiles (`host_math.channel_alignment`)."""
+    return channel_alignment(problem.dims[1], problem.dtype.itemsize)
+
+
 def train_forward_kernels(problem, config, update_running):
     M, C = problem.rows, problem.dims[1]
+    align = _alignment(problem)
     if config.fused:
-        return [kernel(BatchNorm2dNhwcFusedForward, config.block_m, config.block_c, update_running,
+        return [kernel(BatchNorm2dNhwcFusedForward, config.block_m, config.block_c, update_running, align,
                        dtype=problem.dtype, num_warps=config.num_warps)]
     chunks = _split(M, C, config)[1]
-    return [kernel(BatchNorm2dNhwcPartialStats, config.block_m, config.block_c, dtype=problem.dtype,
+    return [kernel(BatchNorm2dNhwcPartialStats, config.block_m, config.block_c, align, dtype=problem.dtype,
                    num_warps=config.num_warps),
             kernel(BatchNorm2dNhwcMergeStats, MERGE_CHANNELS, _merge_partials(chunks), update_running,
                    dtype=problem.dtype),
-            kernel(BatchNorm2dNhwcNormalize, *_elementwise(C, config, problem.machine), dtype=problem.dtype)]
+            kernel(BatchNorm2dNhwcNormalize, *_elementwise(C, config, problem.machine), align, dtype=problem.dtype)]
 
 
 def train_forward_runner(problem, config, update_running):
@@ -146,14 +152,16 @@ def train_forward_runner(problem, config, update_running):
 
 def train_backward_kernels(problem, config):
     M, C = problem.rows, problem.dims[1]
+    align = _alignment(problem)
     if config.fused:
-        return [kernel(BatchNorm2dNhwcFusedBackward, config.block_m, config.block_c, dtype=problem.dtype,
+        return [kernel(BatchNorm2dNhwcFusedBackward, config.block_m, config.block_c, align, dtype=problem.dtype,
                        num_warps=config.num_warps)]
     chunks = _split(M, C, config)[1]
-    return [kernel(BatchNorm2dNhwcPartialGradSums, config.block_m, config.block_c, dtype=problem.dtype,
+    return [kernel(BatchNorm2dNhwcPartialGradSums, config.block_m, config.block_c, align, dtype=problem.dtype,
                    num_warps=config.num_warps),
             kernel(BatchNorm2dNhwcMergeGradSums, MERGE_CHANNELS, _merge_partials(chunks), dtype=problem.dtype),
-            kernel(BatchNorm2dNhwcBackwardDx, *_elementwise(C, config, problem.machine), dtype=problem.dtype)]
+            kernel(BatchNorm2dNhwcBackwardDx, *_elementwise(C, config, problem.machine), align,
+                   dtype=problem.dtype)]
 
 
 def train_backward_runner(problem, config):
@@ -193,7 +201,7 @@ def train_backward_runner(problem, config):
 def eval_forward_kernels(problem, config):
     split_guess = nhwc_candidates(problem.dims[1], problem.machine, FUSED_ROWS + 1)[0]
     block_m, block_c = _elementwise(problem.dims[1], split_guess, problem.machine)
-    return [kernel(BatchNorm2dNhwcEvalForward, block_m, block_c, dtype=problem.dtype)]
+    return [kernel(BatchNorm2dNhwcEvalForward, block_m, block_c, _alignment(problem), dtype=problem.dtype)]
 
 
 def eval_forward_runner(problem, config):

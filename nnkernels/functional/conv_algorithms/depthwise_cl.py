@@ -4,8 +4,8 @@ stand in one tier, so tuning times them against each other."""
 from __future__ import annotations
 
 from ...launcher import Launcher
-from ...ops.conv2d.depthwise_cl import (Conv2dDepthwiseClDw, Conv2dDepthwiseClDx, Conv2dDepthwiseClForward,
-                                        channel_alignment)
+from ...ops.common.host_math import channel_alignment
+from ...ops.conv2d.depthwise_cl import Conv2dDepthwiseClDw, Conv2dDepthwiseClDx, Conv2dDepthwiseClForward
 from ..common import channels_last_allocator
 from ..nhwc_tiles import ChannelsLastTile, nhwc_tiles
 from .base import Algorithm, make_kernel, register

@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 
 from ...kernel import kernel_object
-from ..common.checks import check_numel
+from ..common.checks import check_channel_alignment, check_numel
 from ..common.host_math import cdiv
+from ..common.tiles import columns_in, nhwc_row
 from .train import check_channel_tensors, check_partials, update_running_statistics
 
 F32 = torch.float32
@@ -33,6 +34,11 @@ def _check_rows(a, names):
 
 def _check_channels(a, names):
     check_channel_tensors(a, names, a.C)
+
+
+def _check_alignment(k, a):
+    if hasattr(k, "c_align"):
+        check_channel_alignment(k.c_align, a.C)
 
 
 def _chunks(a):
@@ -49,6 +55,7 @@ def split_entry(rows):
     def entry(k, a):
         _check_rows(a, ("x", "dy"))
         _check_channels(a, ("mean",))
+        _check_alignment(k, a)
         chunks = _chunks(a)
         check_partials(a, rows, a.C * chunks)
         return (cdiv(a.C, k.block_c), chunks)
@@ -77,6 +84,7 @@ def fused_entry(k, a):
     _check_rows(a, ("x", "y", "dy", "dx"))
     _check_channels(a, ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias", "running_mean",
                         "running_var"))
+    _check_alignment(k, a)
     if hasattr(a, "eps") and not a.eps >= 0:
         raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
     return (cdiv(a.C, k.block_c),)
@@ -86,28 +94,30 @@ def elementwise_entry(k, a):
     """Grid [cdiv(C, BLOCK_C) * cdiv(M, BLOCK_M)], one dimension (no 65535 limit on the rows)."""
     _check_rows(a, ("x", "y", "dy", "dx"))
     _check_channels(a, ("weight", "bias", "mean", "rstd", "dweight", "dbias", "running_mean", "running_var"))
+    _check_alignment(k, a)
     if hasattr(a, "eps") and not a.eps >= 0:
         raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
     return (cdiv(a.C, k.block_c) * cdiv(a.M, k.block_m),)
 
 
 @triton.jit
-def nhwc_tile(rows, c, M, C):
-    """The [rows, channels] offsets rows*C + c (int64) and the mask of those inside [M, C]."""
-    inside = (rows < M)[:, None] & (c < C)[None, :]
-    return (rows.to(tl.int64) * C)[:, None] + c[None, :], inside
+def nhwc_tile(rows, c, M, C, C_ALIGN: tl.constexpr):
+    """The [rows, channels] offsets rows*C + c (int64) and the mask of those inside [M, C], the channels compared
+    a C_ALIGN group at a time (`columns_in`, `nhwc_row`: C_ALIGN a power of two dividing C)."""
+    inside = (rows < M)[:, None] & columns_in(c, C, C_ALIGN)[None, :]
+    return nhwc_row(rows, C, C_ALIGN)[:, None] + c[None, :], inside
 
 
 @triton.jit
-def elementwise_tile(M, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+def elementwise_tile(M, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, C_ALIGN: tl.constexpr):
     """Program p's tile of an elementwise pass: channel block p % cdiv(C, BLOCK_C), row block p // that.
     Returns the channels, whether each is < C, the offsets and the mask."""
     channel_blocks = tl.cdiv(C, BLOCK_C)
     p = tl.program_id(0)
     c = (p % channel_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
     rows = (p // channel_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offsets, inside = nhwc_tile(rows, c, M, C)
-    return c, c < C, offsets, inside
+    offsets, inside = nhwc_tile(rows, c, M, C, C_ALIGN)
+    return c, columns_in(c, C, C_ALIGN), offsets, inside
 
 
 @triton.jit
@@ -151,7 +161,7 @@ def store_statistics(mean, rstd, var_unbiased, running_mean, running_var, c, c_i
 @triton.jit
 def batch_norm2d_nhwc_partial_stats(
     x, partials, M, C, ROWS_PER_CHUNK, ROW_STRIDE,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, C_ALIGN: tl.constexpr,
 ):
     """Per-chunk count, mean and M2 (sum of squared deviations) of each channel of x, in fp32.
 
@@ -165,7 +175,7 @@ def batch_norm2d_nhwc_partial_stats(
     """
     chunk = tl.program_id(1)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    shift = tl.load(x + c, mask=c < C, other=0.0).to(tl.float32)
+    shift = tl.load(x + c, mask=columns_in(c, C, C_ALIGN), other=0.0).to(tl.float32)
     first = chunk * ROWS_PER_CHUNK
     last = tl.minimum(first + ROWS_PER_CHUNK, M)
     lane_count = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -173,7 +183,7 @@ def batch_norm2d_nhwc_partial_stats(
     lane_m2 = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     for row0 in range(first, last, BLOCK_M):
         rows = row0 + tl.arange(0, BLOCK_M)
-        offsets, inside = nhwc_tile(rows, c, last, C)
+        offsets, inside = nhwc_tile(rows, c, last, C, C_ALIGN)
         xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32) - shift[None, :]
         lane_count += tl.where(rows < last, 1.0, 0.0)
         delta = tl.where(inside, xv - lane_mean, 0.0)
@@ -184,7 +194,7 @@ def batch_norm2d_nhwc_partial_stats(
     spread = lane_mean - mean[None, :]
     m2 = tl.sum(lane_m2, axis=0) + tl.sum(spread * spread * lane_count[:, None], axis=0)
     slot = c * tl.num_programs(1) + chunk
-    c_in = c < C
+    c_in = columns_in(c, C, C_ALIGN)
     tl.store(partials + slot, tl.zeros([BLOCK_C], dtype=tl.float32) + count, mask=c_in)
     tl.store(partials + ROW_STRIDE + slot, mean, mask=c_in)
     tl.store(partials + 2 * ROW_STRIDE + slot, m2, mask=c_in)
@@ -232,21 +242,21 @@ def batch_norm2d_nhwc_merge_stats(
 @triton.jit
 def batch_norm2d_nhwc_normalize(
     x, y, weight, bias, mean, rstd, M, C,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, C_ALIGN: tl.constexpr,
 ):
     """Training forward, elementwise pass: y = (x - mean[c]) * (weight[c] * rstd[c]) + bias[c], in fp32.
 
     Grid: [cdiv(C, BLOCK_C) * cdiv(M, BLOCK_M)]; program p writes the tile of `elementwise_tile`. Every y is
     written.
     """
-    c, c_in, offsets, inside = elementwise_tile(M, C, BLOCK_M, BLOCK_C)
+    c, c_in, offsets, inside = elementwise_tile(M, C, BLOCK_M, BLOCK_C, C_ALIGN)
     normalize_tile(x, y, weight, bias, mean, tl.load(rstd + c, mask=c_in, other=0.0), c, c_in, offsets, inside)
 
 
 @triton.jit
 def batch_norm2d_nhwc_eval_forward(
     x, y, weight, bias, running_mean, running_var, M, C, eps,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, C_ALIGN: tl.constexpr,
 ):
     """Evaluation forward: y = (x - running_mean[c]) * (weight[c] * rstd[c]) + bias[c],
     rstd = 1/sqrt(running_var[c] + eps), in fp32.
@@ -254,7 +264,7 @@ def batch_norm2d_nhwc_eval_forward(
     Grid: [cdiv(C, BLOCK_C) * cdiv(M, BLOCK_M)]; program p writes the tile of `elementwise_tile`. Every y is
     written.
     """
-    c, c_in, offsets, inside = elementwise_tile(M, C, BLOCK_M, BLOCK_C)
+    c, c_in, offsets, inside = elementwise_tile(M, C, BLOCK_M, BLOCK_C, C_ALIGN)
     channel_rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.load(running_var + c, mask=c_in, other=1.0) + eps))
     normalize_tile(x, y, weight, bias, running_mean, channel_rstd, c, c_in, offsets, inside)
 
@@ -262,7 +272,7 @@ def batch_norm2d_nhwc_eval_forward(
 @triton.jit
 def batch_norm2d_nhwc_partial_grad_sums(
     dy, x, mean, partials, M, C, ROWS_PER_CHUNK, ROW_STRIDE,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, C_ALIGN: tl.constexpr,
 ):
     """Training backward, split pass: per-chunk sums of dy and dy * (x - mean[c]) in fp32.
 
@@ -272,14 +282,14 @@ def batch_norm2d_nhwc_partial_grad_sums(
     """
     chunk = tl.program_id(1)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_in = c < C
+    c_in = columns_in(c, C, C_ALIGN)
     channel_mean = tl.load(mean + c, mask=c_in, other=0.0)
     first = chunk * ROWS_PER_CHUNK
     last = tl.minimum(first + ROWS_PER_CHUNK, M)
     sum_dy = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     sum_dy_xmu = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     for row0 in range(first, last, BLOCK_M):
-        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, last, C)
+        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, last, C, C_ALIGN)
         dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
         xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
         sum_dy += dyv
@@ -314,7 +324,7 @@ def batch_norm2d_nhwc_merge_grad_sums(
 @triton.jit
 def batch_norm2d_nhwc_backward_dx(
     dy, x, dx, weight, mean, rstd, dweight, dbias, M, C,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, C_ALIGN: tl.constexpr,
 ):
     """Training backward, elementwise pass, in fp32:
         dx = weight*rstd*(dy - dbias/M) - (x - mean) * weight*rstd^2 * dweight/M
@@ -323,7 +333,7 @@ def batch_norm2d_nhwc_backward_dx(
     Grid: [cdiv(C, BLOCK_C) * cdiv(M, BLOCK_M)]; program p writes the tile of `elementwise_tile`. Every dx is
     written.
     """
-    c, c_in, offsets, inside = elementwise_tile(M, C, BLOCK_M, BLOCK_C)
+    c, c_in, offsets, inside = elementwise_tile(M, C, BLOCK_M, BLOCK_C, C_ALIGN)
     count = tl.cast(M, tl.float32)
     channel_rstd = tl.load(rstd + c, mask=c_in, other=0.0)
     dy_scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
@@ -339,7 +349,7 @@ def batch_norm2d_nhwc_backward_dx(
 @triton.jit
 def batch_norm2d_nhwc_fused_forward(
     x, y, weight, bias, mean, rstd, var_unbiased, running_mean, running_var, M, C, eps, momentum,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, UPDATE_RUNNING: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, UPDATE_RUNNING: tl.constexpr, C_ALIGN: tl.constexpr,
 ):
     """Training forward in one launch, for an M that one program walks in little time.
 
@@ -351,18 +361,18 @@ def batch_norm2d_nhwc_fused_forward(
     (mean; var_unbiased) in place (without it the running pointers are not touched). Every y is written.
     """
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_in = c < C
+    c_in = columns_in(c, C, C_ALIGN)
     shift = tl.load(x + c, mask=c_in, other=0.0).to(tl.float32)
     lane_sum = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     for row0 in range(0, M, BLOCK_M):
-        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C)
+        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C, C_ALIGN)
         lane_sum += tl.where(inside, tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32) - shift[None, :],
                              0.0)
     count = tl.cast(M, tl.float32)
     shifted_mean = tl.sum(lane_sum, axis=0) / count
     lane_m2 = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     for row0 in range(0, M, BLOCK_M):
-        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C)
+        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C, C_ALIGN)
         deviation = tl.where(inside, tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32) - shift[None, :]
                              - shifted_mean[None, :], 0.0)
         lane_m2 += deviation * deviation
@@ -373,7 +383,7 @@ def batch_norm2d_nhwc_fused_forward(
     scale = tl.load(weight + c, mask=c_in, other=0.0) * channel_rstd
     shift = tl.load(bias + c, mask=c_in, other=0.0)
     for row0 in range(0, M, BLOCK_M):
-        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C)
+        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C, C_ALIGN)
         xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
         yv = (xv - batch_mean[None, :]) * scale[None, :] + shift[None, :]
         tl.store(y + offsets, yv.to(y.dtype.element_ty), mask=inside)
@@ -382,7 +392,7 @@ def batch_norm2d_nhwc_fused_forward(
 @triton.jit
 def batch_norm2d_nhwc_fused_backward(
     dy, x, dx, weight, mean, rstd, dweight, dbias, M, C,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, C_ALIGN: tl.constexpr,
 ):
     """Training backward in one launch, for an M that one program walks in little time.
 
@@ -391,13 +401,13 @@ def batch_norm2d_nhwc_fused_backward(
     dx = weight*rstd*(dy - dbias/M) - (x - mean) * weight*rstd^2 * dweight/M, in fp32. Every dx is written.
     """
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_in = c < C
+    c_in = columns_in(c, C, C_ALIGN)
     channel_mean = tl.load(mean + c, mask=c_in, other=0.0)
     channel_rstd = tl.load(rstd + c, mask=c_in, other=0.0)
     lane_dy = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     lane_dy_xmu = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     for row0 in range(0, M, BLOCK_M):
-        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C)
+        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C, C_ALIGN)
         dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
         xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
         lane_dy += dyv
@@ -411,7 +421,7 @@ def batch_norm2d_nhwc_fused_backward(
     dy_shift = dy_scale * sum_dy / count
     xmu_scale = dy_scale * channel_rstd * channel_dweight / count
     for row0 in range(0, M, BLOCK_M):
-        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C)
+        offsets, inside = nhwc_tile(row0 + tl.arange(0, BLOCK_M), c, M, C, C_ALIGN)
         dyv = tl.load(dy + offsets, mask=inside, other=0.0).to(tl.float32)
         xv = tl.load(x + offsets, mask=inside, other=0.0).to(tl.float32)
         dxv = dyv * dy_scale[None, :] - dy_shift[None, :] - (xv - channel_mean[None, :]) * xmu_scale[None, :]
@@ -420,34 +430,35 @@ def batch_norm2d_nhwc_fused_backward(
 
 _STATS = {n: F32 for n in ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias", "running_mean",
                            "running_var", "partials")}
-_ELEMENTWISE = (elementwise_tile, nhwc_tile)
+_TILE = (nhwc_tile, columns_in, nhwc_row)
+_ELEMENTWISE = (elementwise_tile,) + _TILE
 _NORMALIZING = _ELEMENTWISE + (normalize_tile,)
 
 BatchNorm2dNhwcPartialStats = kernel_object(
-    batch_norm2d_nhwc_partial_stats, entry=split_entry(3), example=(32, 64), pointer_dtypes=_STATS,
-    helpers=(nhwc_tile,))
+    batch_norm2d_nhwc_partial_stats, entry=split_entry(3), example=(32, 64, 8), pointer_dtypes=_STATS,
+    helpers=_TILE)
 BatchNorm2dNhwcMergeStats = kernel_object(
     batch_norm2d_nhwc_merge_stats, entry=merge_entry(3), example=(32, 64, True), floats=("eps", "momentum"),
     pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",),
     helpers=(partial_slots, store_statistics, update_running_statistics))
 BatchNorm2dNhwcNormalize = kernel_object(
-    batch_norm2d_nhwc_normalize, entry=elementwise_entry, example=(32, 64), pointer_dtypes=_STATS,
+    batch_norm2d_nhwc_normalize, entry=elementwise_entry, example=(32, 64, 8), pointer_dtypes=_STATS,
     helpers=_NORMALIZING)
 BatchNorm2dNhwcEvalForward = kernel_object(
-    batch_norm2d_nhwc_eval_forward, entry=elementwise_entry, example=(32, 64), floats=("eps",),
+    batch_norm2d_nhwc_eval_forward, entry=elementwise_entry, example=(32, 64, 8), floats=("eps",),
     pointer_dtypes=_STATS, helpers=_NORMALIZING)
 BatchNorm2dNhwcPartialGradSums = kernel_object(
-    batch_norm2d_nhwc_partial_grad_sums, entry=split_entry(2), example=(32, 64), pointer_dtypes=_STATS,
-    helpers=(nhwc_tile,))
+    batch_norm2d_nhwc_partial_grad_sums, entry=split_entry(2), example=(32, 64, 8), pointer_dtypes=_STATS,
+    helpers=_TILE)
 BatchNorm2dNhwcMergeGradSums = kernel_object(
     batch_norm2d_nhwc_merge_grad_sums, entry=merge_entry(2), example=(64, 64), pointer_dtypes=_STATS,
     helpers=(partial_slots,))
 BatchNorm2dNhwcBackwardDx = kernel_object(
-    batch_norm2d_nhwc_backward_dx, entry=elementwise_entry, example=(32, 64), pointer_dtypes=_STATS,
+    batch_norm2d_nhwc_backward_dx, entry=elementwise_entry, example=(32, 64, 8), pointer_dtypes=_STATS,
     helpers=_ELEMENTWISE)
 BatchNorm2dNhwcFusedForward = kernel_object(
-    batch_norm2d_nhwc_fused_forward, entry=fused_entry, example=(32, 64, True), floats=("eps", "momentum"),
-    pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",), helpers=(nhwc_tile, store_statistics, update_running_statistics))
+    batch_norm2d_nhwc_fused_forward, entry=fused_entry, example=(32, 64, True, 8), floats=("eps", "momentum"),
+    pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",), helpers=_TILE + (store_statistics, update_running_statistics))
 BatchNorm2dNhwcFusedBackward = kernel_object(
-    batch_norm2d_nhwc_fused_backward, entry=fused_entry, example=(32, 64), pointer_dtypes=_STATS,
-    helpers=(nhwc_tile,))
+    batch_norm2d_nhwc_fused_backward, entry=fused_entry, example=(32, 64, 8), pointer_dtypes=_STATS,
+    helpers=_TILE)

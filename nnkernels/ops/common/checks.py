@@ -35,3 +35,9 @@ def check_grid_3d(axis0, axis1, axis2):
         if value > GRID_AXIS_MAX:
             raise ValueError(f"{name}: {value} programs exceed the {GRID_AXIS_MAX} that CUDA allows")
     return (check_grid(axis0)[0], axis1, axis2)
+
+
+def check_channel_alignment(c_align: int, channels: int):
+    """A kernel's C_ALIGN (`host_math.channel_alignment`) must be a power of two dividing its C channels."""
+    if c_align < 1 or c_align & (c_align - 1) or channels % c_align:
+        raise ValueError(f"C_ALIGN: expected a power of two dividing C = {channels}, got {c_align}")

@@ -19,3 +19,12 @@ def next_power_of_2(n: int) -> int:
 def power_of_2_at_most(n: int) -> int:
     """The largest power of two <= n, for n >= 1."""
     return 1 << (n.bit_length() - 1)
+
+
+def channel_alignment(channels: int, itemsize: int) -> int:
+    """C_ALIGN of the channels-last kernels, what the compiler is told of the channel count C so that each pixel's
+    channels load as vectors: 1 where C is a multiple of 16 (Triton's specialisation of a launch's integers tells
+    it so already), else the largest power of two dividing C, at most 16 bytes of channels."""
+    if channels % 16 == 0:
+        return 1
+    return min(channels & -channels, max(1, 16 // itemsize))

@@ -4,7 +4,7 @@ x, y, dy and dx are NHWC arrays ([B, H, W, C], a channels-last tensor's storage)
 as torch stores it. A program takes BLOCK_P pixels (b, row, column, numbered in that order) by BLOCK_C
 channels: every load and store is BLOCK_C consecutive channels of a pixel, so a channel block reads whole
 runs of memory with no layout copy, as vectors where C_ALIGN (a power of two dividing C, at most 16 bytes of
-channels: `channel_alignment`) says each pixel's channels start on an aligned address. The kernel rows are a loop
+channels: `host_math.channel_alignment`) says each pixel's channels start on an aligned address. The kernel rows are a loop
 the compiler keeps, the taps of a row unrolled: every tap of a 5x5 window unrolled spilled registers. dx gathers
 (no atomics); dw is split over pixel blocks into the fp32 partial rows `Conv2dDwReduce` adds in a fixed order, so
 both are bitwise reproducible."""
@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ...kernel import kernel_object
-from ..common.checks import check_grid_3d, check_numel
+from ..common.checks import check_channel_alignment, check_grid_3d, check_numel
 from ..common.host_math import cdiv
 from ..common.tiles import columns_in, load_nhwc, nhwc_pixels, nhwc_row, store_nhwc, zero_tiles
 from .checks import check_conv_launch
@@ -21,15 +21,9 @@ from .depthwise import _depthwise_sizes
 from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
 
 
-def channel_alignment(channels: int, itemsize: int) -> int:
-    """C_ALIGN of these kernels: the largest power of two dividing `channels`, at most 16 bytes of them."""
-    return min(channels & -channels, max(1, 16 // itemsize))
-
-
 def _check_channels(k, a):
     check_conv_launch(k, _depthwise_sizes(a), a.C)
-    if k.c_align & (k.c_align - 1) or a.C % k.c_align:
-        raise ValueError(f"C_ALIGN: expected a power of two dividing C = {a.C}, got {k.c_align}")
+    check_channel_alignment(k.c_align, a.C)
 
 
 def conv2d_depthwise_cl_forward_entry(k, a):
