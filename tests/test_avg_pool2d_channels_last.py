@@ -14,6 +14,7 @@ from nnkernels.functional.nhwc_tiles import nhwc_tiles
 from nnkernels.machine import INTERPRETER
 from nnkernels.ops.avg_pool2d.channels_last import AvgPool2dClBackward, AvgPool2dClForward
 from nnkernels.ops.avg_pool2d.gather import uniform_divisor
+from nnkernels.ops.common.host_math import channel_alignment
 from support import DEVICE, DTYPES, GPU, assert_close, dtype_id, gpu, poisoned, randn
 from test_avg_pool2d_gather import CASES
 
@@ -33,19 +34,21 @@ def _options(case, H, W, OH, OW):
 
 
 def _run_both(case, dtype, block_p, block_c):
-    """((y, y64), (dx, dx64)): both kernels launched on channels-last tensors, tile BLOCK_P x BLOCK_C."""
+    """((y, y64), (dx, dx64)): both kernels launched on channels-last tensors, tile BLOCK_P x BLOCK_C, the
+    channels' vector alignment as the plans set it (`channel_alignment`)."""
     B, C, H, W, kernel, stride, padding, ceil_mode, cip, divisor = case
     x = randn(B, C, H, W, dtype=dtype).contiguous(memory_format=CL)
     x64 = x.double().cpu().requires_grad_()
     y64 = F.avg_pool2d(x64, kernel, stride, padding, ceil_mode, cip, divisor)
     OH, OW = y64.shape[2:]
     options, sizes = _options(case, H, W, OH, OW), (B, C, H, W, OH, OW)
+    c_align = channel_alignment(C, x.element_size())
     y = poisoned(B, C, OH, OW, dtype=dtype).contiguous(memory_format=CL)
-    AvgPool2dClForward(*options, block_p, block_c, dtype=dtype).launch(_stored(x), _stored(y), *sizes)
+    AvgPool2dClForward(*options, block_p, block_c, c_align, dtype=dtype).launch(_stored(x), _stored(y), *sizes)
     dy = randn(B, C, OH, OW, dtype=dtype).contiguous(memory_format=CL)
     y64.backward(dy.double().cpu())
     dx = poisoned(B, C, H, W, dtype=dtype).contiguous(memory_format=CL)
-    AvgPool2dClBackward(*options, block_p, block_c, dtype=dtype).launch(_stored(dy), _stored(dx), *sizes)
+    AvgPool2dClBackward(*options, block_p, block_c, c_align, dtype=dtype).launch(_stored(dy), _stored(dx), *sizes)
     return (y, y64), (dx, x64.grad)
 
 
@@ -57,7 +60,8 @@ def test_channels_last_kernels_match_float64_for_every_option(case):
 
 
 @pytest.mark.parametrize("dtype", DTYPES[1:], ids=dtype_id)
-@pytest.mark.parametrize("case", [CASES[1], CASES[4]], ids=["k3-s1-p1", "rectangular-overhang"])
+@pytest.mark.parametrize("case", [CASES[1], CASES[4], (1, 24, 7, 9, (3, 3), (1, 1), (1, 1), False, True, None)],
+                         ids=["k3-s1-p1", "rectangular-overhang", "24-channels-in-vectors-of-8"])
 def test_channels_last_kernels_16bit(case, dtype):
     for out, ref in _run_both(case, dtype, block_p=16, block_c=4):
         assert_close(out, ref, dtype)
@@ -75,17 +79,19 @@ def test_every_result_is_the_same_bits_every_run():
 def test_bad_launch_raises_and_writes_nothing():
     x = randn(1, 4, 6, 6).contiguous(memory_format=CL)
     y = poisoned(1, 4, 3, 3).contiguous(memory_format=CL)
-    forward = AvgPool2dClForward(2, 2, 2, 2, 0, 0, True, 0, True, 8, 4)
+    forward = AvgPool2dClForward(2, 2, 2, 2, 0, 0, True, 0, True, 8, 4, 4)
     with pytest.raises(ValueError, match="OH"):
         forward.launch(_stored(x), _stored(y), 1, 4, 6, 6, 4, 3)
     with pytest.raises(ValueError, match="y"):
         forward.launch(_stored(x), _stored(poisoned(1, 4, 3, 2)), 1, 4, 6, 6, 3, 3)
     with pytest.raises(ValueError, match="uniform"):
-        AvgPool2dClForward(2, 2, 2, 2, 0, 0, True, 0, False, 8, 4).launch(_stored(x), _stored(y), 1, 4, 6, 6, 3, 3)
+        AvgPool2dClForward(2, 2, 2, 2, 0, 0, True, 0, False, 8, 4, 4).launch(_stored(x), _stored(y), 1, 4, 6, 6, 3, 3)
     with pytest.raises(ValueError, match="pad_w"):
-        AvgPool2dClForward(2, 2, 2, 2, 0, 2, True, 0, False, 8, 4).launch(_stored(x), _stored(y), 1, 4, 6, 6, 3, 3)
+        AvgPool2dClForward(2, 2, 2, 2, 0, 2, True, 0, False, 8, 4, 4).launch(_stored(x), _stored(y), 1, 4, 6, 6, 3, 3)
     with pytest.raises(TypeError, match="count_include_pad"):
-        AvgPool2dClForward(2, 2, 2, 2, 0, 0, 1, 0, True, 8, 4)
+        AvgPool2dClForward(2, 2, 2, 2, 0, 0, 1, 0, True, 8, 4, 4)
+    with pytest.raises(ValueError, match="C_ALIGN: expected a power of two dividing C = 4, got 8"):
+        AvgPool2dClForward(2, 2, 2, 2, 0, 0, True, 0, True, 8, 4, 8).launch(_stored(x), _stored(y), 1, 4, 6, 6, 3, 3)
     assert torch.isnan(y).all()
 
 

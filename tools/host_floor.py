@@ -33,7 +33,7 @@ def main():
     # A small channels-last pooling: its kernel runs in a few µs, so the host never waits for the GPU.
     x, y = torch.randn(2, 8, 8, 64, device="cuda"), torch.empty(2, 4, 4, 64, device="cuda")
     sizes = (2, 64, 8, 8, 4, 4)
-    kernel = AvgPool2dClForward(2, 2, 2, 2, 0, 0, True, 0, True, 32, 64, dtype=torch.float32)
+    kernel = AvgPool2dClForward(2, 2, 2, 2, 0, 0, True, 0, True, 32, 64, 1, dtype=torch.float32)
     launch = Launcher(kernel)
     t = torch.randn(2, 64, 8, 8, device="cuda", requires_grad=True)
     pieces = {

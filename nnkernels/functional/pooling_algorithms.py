@@ -16,7 +16,7 @@ from ..ops.avg_pool2d.gather import (AvgPool2dGatherBackward, AvgPool2dGatherFor
                                      row_align, uniform_divisor)
 from ..ops.avg_pool2d.lanes import (AvgPool2dLanesBackward, AvgPool2dLanesForward, backward_lane_widths,
                                     backward_lanes, backward_src_vec, forward_lane_widths, forward_lanes)
-from ..ops.common.host_math import cdiv, next_power_of_2
+from ..ops.common.host_math import cdiv, channel_alignment, next_power_of_2
 from .common import allocator, channels_last_allocator, kernel, stored_config
 from .nhwc_tiles import ChannelsLastTile, nhwc_tiles
 
@@ -187,7 +187,8 @@ class ChannelsLastPoolingPass:
 
     def kernel(self, config):
         cls = AvgPool2dClBackward if self.direction == "backward" else AvgPool2dClForward
-        return kernel(cls, *self.common, config.block_p, config.block_c, dtype=self.dtype,
+        return kernel(cls, *self.common, config.block_p, config.block_c,
+                      channel_alignment(self.sizes[1], self.dtype.itemsize), dtype=self.dtype,
                       num_warps=config.num_warps)
 
     def runner(self, config, out_shape):

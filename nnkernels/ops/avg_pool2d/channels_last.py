@@ -4,15 +4,16 @@ docstring defines them).
 
 x, y, dy and dx are NHWC arrays ([B, H, W, C], a channels-last tensor's storage). A program takes BLOCK_P pixels
 (b, row, column, numbered in that order) by BLOCK_C channels, so every load and store is a run of consecutive
-channels of one pixel: no layout copy either way. The backward gathers (no atomics, deterministic, every dx
+channels of one pixel (as vectors: C_ALIGN, `host_math.channel_alignment`): no layout copy either way. The
+backward gathers (no atomics, deterministic, every dx
 written)."""
 import triton
 import triton.language as tl
 
 from ...kernel import INT32_MAX, kernel_object
-from ..common.checks import check_grid_3d
+from ..common.checks import check_channel_alignment, check_grid_3d
 from ..common.host_math import cdiv
-from ..common.tiles import load_nhwc, nhwc_pixels, nhwc_row, store_nhwc
+from ..common.tiles import columns_in, load_nhwc, nhwc_pixels, nhwc_row, store_nhwc
 from .gather import check_pooled_tensors, check_window
 
 
@@ -21,6 +22,7 @@ def avg_pool2d_cl_entry(k, a):
     the pixels it writes (OH x OW for the forward, H x W for the backward)."""
     check_window(k, a)
     check_pooled_tensors(a, a.B * a.C, "B*C")
+    check_channel_alignment(k.c_align, a.C)
     pixels = a.B * (a.H * a.W if hasattr(a, "dx") else a.OH * a.OW)
     if a.B * a.H * a.W > INT32_MAX:
         raise ValueError(f"B: {a.B} images of {a.H}x{a.W} exceed the int32 pixel index")
@@ -47,9 +49,9 @@ def pixel_means(sums, h0, w0, H, W, KH: tl.constexpr, KW: tl.constexpr, PAD_H: t
 
 
 # What both kernels declare: their example constants, entry check, and the helpers their source takes.
-_CL_POOL_KERNEL = dict(example=(3, 3, 2, 2, 1, 1, False, 0, False, 32, 64), entry=avg_pool2d_cl_entry,
+_CL_POOL_KERNEL = dict(example=(3, 3, 2, 2, 1, 1, False, 0, False, 32, 64, 8), entry=avg_pool2d_cl_entry,
                        nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"), flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
-                       helpers=(nhwc_pixels, nhwc_row, load_nhwc, store_nhwc, pixel_means))
+                       helpers=(nhwc_pixels, columns_in, nhwc_row, load_nhwc, store_nhwc, pixel_means))
 
 
 @triton.jit
@@ -57,7 +59,7 @@ def avg_pool2d_cl_forward(
     x, y, B, C, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, DIVISOR_OVERRIDE: tl.constexpr,
-    UNIFORM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    UNIFORM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, C_ALIGN: tl.constexpr,
 ):
     """2-D average pooling forward, channels-last.
 
@@ -70,15 +72,15 @@ def avg_pool2d_cl_forward(
     q, b, oh, ow = nhwc_pixels(tl.program_id(0), OH, OW, BLOCK_P)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     q_ok = q < B * OH * OW
-    c_ok = c < C
+    c_ok = columns_in(c, C, C_ALIGN)
     h0 = oh * STRIDE_H - PAD_H
     w0 = ow * STRIDE_W - PAD_W
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for kh in tl.static_range(KH):
         for kw in tl.static_range(KW):
-            acc += load_nhwc(x, b, h0 + kh, w0 + kw, c, H, W, C, q_ok, c_ok, 1).to(tl.float32)
+            acc += load_nhwc(x, b, h0 + kh, w0 + kw, c, H, W, C, q_ok, c_ok, C_ALIGN).to(tl.float32)
     means = pixel_means(acc, h0, w0, H, W, KH, KW, PAD_H, PAD_W, COUNT_INCLUDE_PAD, DIVISOR_OVERRIDE, UNIFORM)
-    store_nhwc(y, q, c, C, means, q_ok, c_ok, 1)
+    store_nhwc(y, q, c, C, means, q_ok, c_ok, C_ALIGN)
 
 
 AvgPool2dClForward = kernel_object(avg_pool2d_cl_forward, **_CL_POOL_KERNEL)
@@ -89,7 +91,7 @@ def avg_pool2d_cl_backward(
     dy, dx, B, C, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, DIVISOR_OVERRIDE: tl.constexpr,
-    UNIFORM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    UNIFORM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, C_ALIGN: tl.constexpr,
 ):
     """2-D average pooling backward, channels-last, gathered: no atomics, deterministic, no zero-init.
 
@@ -102,17 +104,17 @@ def avg_pool2d_cl_backward(
     q, b, ih, iw = nhwc_pixels(tl.program_id(0), H, W, BLOCK_P)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     q_ok = q < B * H * W
-    c_ok = c < C
+    c_ok = columns_in(c, C, C_ALIGN)
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for j in tl.static_range((KH + STRIDE_H - 1) // STRIDE_H):
         oh = (ih + PAD_H) // STRIDE_H - j
         for i in tl.static_range((KW + STRIDE_W - 1) // STRIDE_W):
             ow = (iw + PAD_W) // STRIDE_W - i
             covers = q_ok & (ih + PAD_H - oh * STRIDE_H < KH) & (iw + PAD_W - ow * STRIDE_W < KW)
-            dyv = load_nhwc(dy, b, oh, ow, c, OH, OW, C, covers, c_ok, 1)
+            dyv = load_nhwc(dy, b, oh, ow, c, OH, OW, C, covers, c_ok, C_ALIGN)
             acc += pixel_means(dyv.to(tl.float32), oh * STRIDE_H - PAD_H, ow * STRIDE_W - PAD_W, H, W, KH, KW, PAD_H,
                                PAD_W, COUNT_INCLUDE_PAD, DIVISOR_OVERRIDE, UNIFORM)
-    store_nhwc(dx, q, c, C, acc, q_ok, c_ok, 1)
+    store_nhwc(dx, q, c, C, acc, q_ok, c_ok, C_ALIGN)
 
 
 AvgPool2dClBackward = kernel_object(avg_pool2d_cl_backward, **_CL_POOL_KERNEL)
