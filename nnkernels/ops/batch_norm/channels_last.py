@@ -6,6 +6,8 @@ channels cb*BLOCK_C.. and rows [chunk*ROWS_PER_CHUNK, (chunk+1)*ROWS_PER_CHUNK))
 channel's partials in one fixed order (results bitwise reproducible), and an elementwise pass over [M, C] tiles
 applies them. Partials are fp32, [C, chunks] per row of one `partials` buffer, the rows ROW_STRIDE apart. Where M
 is small, one launch does it all: each program walks every row of its channels (`batch_norm2d_nhwc_fused_*`).
+The kernels that read [M, C] tiles take C_ALIGN (`host_math.channel_alignment`), so that rows of a C that is not
+a multiple of 16 still load and store as vectors.
 
 Forward:    mean, var = batch mean and biased variance; rstd = 1/sqrt(var + eps);
             y = (x - mean) * weight * rstd + bias; also saved: mean, rstd, var * M/(M-1).
@@ -36,11 +38,6 @@ def _check_channels(a, names):
     check_channel_tensors(a, names, a.C)
 
 
-def _check_alignment(k, a):
-    if hasattr(k, "c_align"):
-        check_channel_alignment(k.c_align, a.C)
-
-
 def _chunks(a):
     if a.ROWS_PER_CHUNK < 1:
         raise ValueError(f"ROWS_PER_CHUNK: expected at least 1, got {a.ROWS_PER_CHUNK}")
@@ -55,7 +52,7 @@ def split_entry(rows):
     def entry(k, a):
         _check_rows(a, ("x", "dy"))
         _check_channels(a, ("mean",))
-        _check_alignment(k, a)
+        check_channel_alignment(k.c_align, a.C)
         chunks = _chunks(a)
         check_partials(a, rows, a.C * chunks)
         return (cdiv(a.C, k.block_c), chunks)
@@ -84,7 +81,7 @@ def fused_entry(k, a):
     _check_rows(a, ("x", "y", "dy", "dx"))
     _check_channels(a, ("weight", "bias", "mean", "rstd", "var_unbiased", "dweight", "dbias", "running_mean",
                         "running_var"))
-    _check_alignment(k, a)
+    check_channel_alignment(k.c_align, a.C)
     if hasattr(a, "eps") and not a.eps >= 0:
         raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
     return (cdiv(a.C, k.block_c),)
@@ -94,7 +91,7 @@ def elementwise_entry(k, a):
     """Grid [cdiv(C, BLOCK_C) * cdiv(M, BLOCK_M)], one dimension (no 65535 limit on the rows)."""
     _check_rows(a, ("x", "y", "dy", "dx"))
     _check_channels(a, ("weight", "bias", "mean", "rstd", "dweight", "dbias", "running_mean", "running_var"))
-    _check_alignment(k, a)
+    check_channel_alignment(k.c_align, a.C)
     if hasattr(a, "eps") and not a.eps >= 0:
         raise ValueError(f"eps: expected a float >= 0, got {a.eps}")
     return (cdiv(a.C, k.block_c) * cdiv(a.M, k.block_m),)
