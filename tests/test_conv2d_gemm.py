@@ -111,21 +111,77 @@ def test_channels_last_kernels_match_float64(dtype, y_nhwc):
     x_cl, w_cl, dy_cl = (t.permute(0, 2, 3, 1).contiguous() for t in (x, w, dy))
     stored = poisoned(B, OH, OW, C_OUT, dtype=dtype) if y_nhwc else poisoned(B, C_OUT, OH, OW, dtype=dtype)
     no_partial = torch.empty(0, device=x.device)
-    Conv2dGemmClForward(*geometry, 1, False, True, False, False, y_nhwc, 32, 16, 16, 8, 1, dtype=dtype).launch(
+    Conv2dGemmClForward(*geometry, 1, True, True, False, False, y_nhwc, 32, 16, 16, 8, 1, 1, dtype=dtype).launch(
         x_cl, w_cl, bias, stored, no_partial, *sizes)
     y = stored.permute(0, 3, 1, 2) if y_nhwc else stored
     split = 3
     partial = poisoned(split, dw_partial_size(C_OUT, C_IN, 3, 3, True), dtype=torch.float32)
-    Conv2dGemmClDw(*geometry, 1, False, True, False, 16, 16, 16, 1, dtype=dtype).launch(dy_cl, x_cl, partial, *sizes,
-                                                                                      split)
+    Conv2dGemmClDw(*geometry, 1, True, True, False, 16, 16, 16, 1, 1, dtype=dtype).launch(dy_cl, x_cl, partial,
+                                                                                         *sizes, split)
     dw, dbias = poisoned(C_OUT, C_IN, 3, 3, dtype=dtype), poisoned(C_OUT, dtype=dtype)
     Conv2dDwReduce(True, 1, 1, 2, 64, dtype=dtype).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
     y64, _, dw64, db64 = _references(x, w, bias, dy, stride, pad, dil, 1)
     for out, ref in ((y, y64), (dw, dw64), (dbias, db64)):
         assert_close(out, ref, dtype)
-    with pytest.raises(ValueError, match="C_IN: expected a multiple of block_k"):
-        Conv2dGemmClForward(*geometry, 1, False, True, False, False, y_nhwc, 32, 16, 64, 32, 1, dtype=dtype).launch(
+    with pytest.raises(ValueError, match="whole_windows: expected False"):
+        Conv2dGemmClForward(*geometry, 1, True, True, False, False, y_nhwc, 32, 16, 64, 32, 1, 1, dtype=dtype).launch(
             x_cl, w_cl, bias, stored, no_partial, *sizes)
+
+
+# (C_IN, C_OUT, C_ALIGN, split_k): channel counts that are no multiple of the 16-channel slices.
+MASKED_SLICES = [
+    pytest.param((24, 40, 8, 1), id="24-to-40-align8"),
+    pytest.param((40, 24, 8, 3), id="40-to-24-align8-split3"),
+    pytest.param((20, 12, 4, 1), id="20-to-12-align4"),
+    pytest.param((5, 3, 1, 2), id="5-to-3-align1-split2"),
+]
+
+
+@pytest.mark.parametrize("y_nhwc", [False, True], ids=["y-nchw", "y-nhwc"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels", MASKED_SLICES)
+def test_channels_last_kernels_mask_the_last_slice_of_a_tap(channels, dtype, y_nhwc):
+    """One group, WHOLE_WINDOWS off: forward (split over K too), dx and dw reduce over channel counts that 16-
+    channel slices do not divide, the last slice of each tap masked, C_ALIGN what the launch tells the compiler."""
+    C_IN, C_OUT, c_align, split_k = channels
+    B, H, W, stride, pad, dil = 2, 7, 6, (2, 1), (1, 2), (1, 2)
+    OH, OW = _conv_sizes(B, C_IN, C_OUT, H, W, 3, 3, stride, pad, dil)
+    x, w, bias = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, 3, 3, dtype=dtype), randn(C_OUT, dtype=dtype)
+    dy = randn(B, C_OUT, OH, OW, dtype=dtype)
+    geometry, sizes = (3, 3, *stride, *pad, *dil), (B, C_IN, C_OUT, H, W, OH, OW)
+    x_cl, w_cl, dy_cl = (t.permute(0, 2, 3, 1).contiguous() for t in (x, w, dy))
+    stored = poisoned(B, OH, OW, C_OUT, dtype=dtype) if y_nhwc else poisoned(B, C_OUT, OH, OW, dtype=dtype)
+    partial = poisoned(split_k, B * C_OUT * OH * OW) if split_k > 1 else torch.empty(0, device=x.device)
+    forward = Conv2dGemmClForward(*geometry, 1, False, True, False, False, y_nhwc, 32, 16, 16, 8, split_k, c_align,
+                                  dtype=dtype)
+    forward.launch(x_cl, w_cl, bias, stored, partial, *sizes)
+    if split_k > 1:
+        Conv2dDwReduce(False, 1, 1, 4, 64, dtype=dtype).launch(partial, stored, stored, split_k, stored.numel(),
+                                                               C_OUT)
+    y = stored.permute(0, 3, 1, 2) if y_nhwc else stored
+    dx = poisoned(B, H, W, C_IN, dtype=dtype)
+    Conv2dGemmClDx(*geometry, 1, False, False, True, 32, 16, 16, 8, c_align, dtype=dtype).launch(
+        dy_cl, w.permute(2, 3, 1, 0).contiguous(), dx, *sizes)
+    split = 2
+    dw_partial = poisoned(split, dw_partial_size(C_OUT, C_IN, 3, 3, True), dtype=torch.float32)
+    Conv2dGemmClDw(*geometry, 1, False, True, False, 16, 16, 16, 1, c_align, dtype=dtype).launch(
+        dy_cl, x_cl, dw_partial, *sizes, split)
+    dw, dbias = poisoned(C_OUT, C_IN, 3, 3, dtype=dtype), poisoned(C_OUT, dtype=dtype)
+    Conv2dDwReduce(True, 1, 1, 2, 64, dtype=dtype).launch(dw_partial, dw, dbias, split, dw.numel(), C_OUT)
+    y64, dx64, dw64, db64 = _references(x, w, bias, dy, stride, pad, dil, 1)
+    for out, ref in ((y, y64), (dx.permute(0, 3, 1, 2), dx64), (dw, dw64), (dbias, db64)):
+        assert_close(out, ref, dtype)
+
+
+def test_channels_last_kernels_check_c_align():
+    """A C_ALIGN that does not divide both channel counts is refused, naming it; nothing is written."""
+    x, w = randn(1, 5, 5, 24), randn(40 * 9 * 24)
+    y = poisoned(1, 40, 5, 5)
+    wrong = Conv2dGemmClForward(3, 3, 1, 1, 1, 1, 1, 1, 1, False, False, False, False, False, 32, 16, 16, 32, 1, 16,
+                                dtype=torch.float32)
+    with pytest.raises(ValueError, match="C_ALIGN: expected a power of two dividing C = 8, got 16"):
+        wrong.launch(x, w, y, y, torch.empty(0, device=x.device), 1, 24, 40, 5, 5, 5, 5)
+    assert torch.isnan(y).all()
 
 
 @pytest.mark.parametrize("split_k, y_nhwc", [(2, False), (5, False), (18, False), (5, True)],
@@ -142,14 +198,14 @@ def test_channels_last_forward_split_over_k(dtype, split_k, y_nhwc):
     x_cl, w_cl = (t.permute(0, 2, 3, 1).contiguous() for t in (x, w))
     stored = poisoned(B, OH, OW, C_OUT, dtype=dtype) if y_nhwc else poisoned(B, C_OUT, OH, OW, dtype=dtype)
     partial = poisoned(split_k, B * C_OUT * OH * OW)
-    Conv2dGemmClForward(*geometry, 1, False, True, False, False, y_nhwc, 32, 16, 16, 8, split_k, dtype=dtype).launch(
+    Conv2dGemmClForward(*geometry, 1, True, True, False, False, y_nhwc, 32, 16, 16, 8, split_k, 1, dtype=dtype).launch(
         x_cl, w_cl, bias, stored, partial, *sizes)
     assert torch.isnan(stored).all()
     Conv2dDwReduce(False, 1, 1, 4, 64, dtype=dtype).launch(partial, stored, stored, split_k, stored.numel(), C_OUT)
     y = stored.permute(0, 3, 1, 2) if y_nhwc else stored
     assert_close(y, _references(x, w, bias, randn(*y.shape), stride, pad, dil, 1)[0], dtype)
     with pytest.raises(ValueError, match="split_k: expected at most the 18 K-steps"):
-        Conv2dGemmClForward(*geometry, 1, False, True, False, False, y_nhwc, 32, 16, 16, 8, 19, dtype=dtype).launch(
+        Conv2dGemmClForward(*geometry, 1, True, True, False, False, y_nhwc, 32, 16, 16, 8, 19, 1, dtype=dtype).launch(
             x_cl, w_cl, bias, stored, poisoned(19, B * C_OUT * OH * OW), *sizes)
 
 
@@ -162,7 +218,7 @@ def test_channels_last_forward_reads_flipped_taps(dtype):
     x, w, bias = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, 3, 2, dtype=dtype), randn(C_OUT, dtype=dtype)
     x_cl, w_flipped = x.permute(0, 2, 3, 1).contiguous(), w.flip(2, 3).permute(0, 2, 3, 1).contiguous()
     y = poisoned(B, C_OUT, OH, OW, dtype=dtype)
-    flipped = Conv2dGemmClForward(3, 2, *stride, *pad, *dil, 1, False, True, False, True, False, 32, 16, 16, 8, 1,
+    flipped = Conv2dGemmClForward(3, 2, *stride, *pad, *dil, 1, True, True, False, True, False, 32, 16, 16, 8, 1, 1,
                                   dtype=dtype)
     flipped.launch(x_cl, w_flipped, bias, y, torch.empty(0, device=x.device), B, C_IN, C_OUT, H, W, OH, OW)
     assert_close(y, _references(x, w, bias, randn(*y.shape), stride, pad, dil, 1)[0], dtype)
@@ -180,7 +236,7 @@ def test_channels_last_dw_tiles_spanning_taps(dtype, tap_span):
     geometry, sizes, split = (3, 3, *stride, *pad, *dil), (B, C_IN, C_OUT, H, W, OH, OW), 2
     x_cl, dy_cl = (t.permute(0, 2, 3, 1).contiguous() for t in (x, dy))
     partial = poisoned(split, dw_partial_size(C_OUT, C_IN, 3, 3, True), dtype=torch.float32)
-    kernel = Conv2dGemmClDw(*geometry, 1, False, True, False, 16, 16 * tap_span, 16, tap_span, dtype=dtype)
+    kernel = Conv2dGemmClDw(*geometry, 1, True, True, False, 16, 16 * tap_span, 16, tap_span, 1, dtype=dtype)
     kernel.launch(dy_cl, x_cl, partial, *sizes, split)
     dw, dbias = poisoned(C_OUT, C_IN, 3, 3, dtype=dtype), poisoned(C_OUT, dtype=dtype)
     Conv2dDwReduce(True, 1, 1, 2, 64, dtype=dtype).launch(partial, dw, dbias, split, dw.numel(), C_OUT)
@@ -188,8 +244,8 @@ def test_channels_last_dw_tiles_spanning_taps(dtype, tap_span):
     assert_close(dw, dw64, dtype)
     assert_close(dbias, dy.double().sum((0, 2, 3)), dtype)
     with pytest.raises(ValueError, match=r"block_n: expected tap_span \* 16"):
-        Conv2dGemmClDw(*geometry, 1, False, True, False, 16, 16, 16, 2, dtype=dtype).launch(dy_cl, x_cl, partial,
-                                                                                          *sizes, split)
+        Conv2dGemmClDw(*geometry, 1, True, True, False, 16, 16, 16, 2, 1, dtype=dtype).launch(dy_cl, x_cl, partial,
+                                                                                             *sizes, split)
 
 
 # (B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dilation): C_OUT a multiple of BLOCK_K = 16, C_IN anything.
@@ -213,7 +269,7 @@ def test_channels_last_dx_matches_float64(case, dtype, block_q, dx_nhwc):
     x, w, dy = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, KH, KW, dtype=dtype), randn(B, C_OUT, OH, OW,
                                                                                                   dtype=dtype)
     dx = poisoned(*((B, H, W, C_IN) if dx_nhwc else (B, C_IN, H, W)), dtype=dtype)
-    kernel = Conv2dGemmClDx(KH, KW, *stride, *pad, *dil, 1, False, False, dx_nhwc, 32, 16, 16, block_q, dtype=dtype)
+    kernel = Conv2dGemmClDx(KH, KW, *stride, *pad, *dil, 1, True, False, dx_nhwc, 32, 16, 16, block_q, 1, dtype=dtype)
     w_t = w.permute(2, 3, 1, 0).contiguous()
     kernel.launch(dy.permute(0, 2, 3, 1).contiguous(), w_t, dx, B, C_IN, C_OUT, H, W, OH, OW)
     dx = dx.permute(0, 3, 1, 2) if dx_nhwc else dx

@@ -83,7 +83,8 @@ def test_grouped_layers_run_on_the_channels_last_kernels():
     ((48, 24, 24, 32, 2, 32), False),  # tiles straddle groups
     ((24, 8, 8, 16, 3, 16), False),  # 2 groups a tile, 3 groups: the last tile's window is cut short
     ((12, 4, 4, 16, 3, 16), False),  # a window of 12 channels, slices of 16
-    ((64, 64, 64, 16, 1, 16), False),  # one group: no windows
+    ((64, 64, 64, 16, 1, 16), True),  # one group: its one window, whole slices
+    ((72, 72, 72, 16, 1, 64), False),  # one group: the last slice of a tap masked
 ])
 def test_whole_windows(sizes, whole):
     """(c_in, in per group, out per group, tile, groups, slice) -> whether every tile's window is whole, aligned and
@@ -107,16 +108,16 @@ def test_grouped_launch_checks():
     """A grouped forward cannot split K, nor skip the channel mask where windows are not whole; a dw tile spanning
     taps must hold the whole window of its groups."""
     x, w, y = randn(1, 5, 5, 16), randn(16 * 9 * 16), randn(1, 16, 5, 5)  # w: 16-wide rows of 4 groups
-    straddling = Conv2dGemmClForward(3, 3, 1, 1, 1, 1, 1, 1, 2, True, False, False, False, False, 32, 16, 16, 32, 1,
+    straddling = Conv2dGemmClForward(3, 3, 1, 1, 1, 1, 1, 1, 2, True, False, False, False, False, 32, 16, 16, 32, 1, 1,
                                      dtype=torch.float32)
     x24, w24, y24 = randn(1, 5, 5, 48), randn(48 * 9 * 48), randn(1, 48, 5, 5)  # 24 per group: 48-wide rows
     with pytest.raises(ValueError, match="whole_windows: expected False"):
         straddling.launch(x24, w24, y24, y24, torch.empty(0, device=x.device), 1, 48, 48, 5, 5, 5, 5)
-    split = Conv2dGemmClForward(3, 3, 1, 1, 1, 1, 1, 1, 4, False, False, False, False, False, 32, 16, 16, 32, 2,
+    split = Conv2dGemmClForward(3, 3, 1, 1, 1, 1, 1, 1, 4, False, False, False, False, False, 32, 16, 16, 32, 2, 1,
                                 dtype=torch.float32)
     with pytest.raises(ValueError, match="split_k: expected 1 for a grouped convolution"):
         split.launch(x, w, y, y, torch.empty(0, device=x.device), 1, 16, 16, 5, 5, 5, 5)
-    dw = Conv2dGemmClDw(3, 3, 1, 1, 1, 1, 1, 1, 4, False, False, False, 16, 32, 16, 4, dtype=torch.float32)
+    dw = Conv2dGemmClDw(3, 3, 1, 1, 1, 1, 1, 1, 4, False, False, False, 16, 32, 16, 4, 1, dtype=torch.float32)
     with pytest.raises(ValueError, match="block_n: expected tap_span"):
         dw.launch(randn(1, 5, 5, 16), x, torch.empty(16 * 4 * 9, device=x.device), 1, 16, 16, 5, 5, 5, 5, 1)
     expand = Conv2dGroupedWeight(False, False, 64, 16, dtype=torch.float32)

@@ -13,6 +13,8 @@ from ..ops.conv2d.winograd_transforms import POINTS, tiles_of
 
 # The channels-last kernels read K slices of 16 channels.
 CHANNELS_LAST_MULTIPLE = 16
+# The fewest channels a channels-last problem's masked K slices take (at least half of a 16-channel slice).
+MASKED_SLICE_MIN_CHANNELS = 8
 # The unfolded backward (1x1 products over the C_IN*KH*KW rows of the unfolded input) is for few input channels
 # and large planes, the RGB stem's: there the implicit GEMM's C_IN tile is mostly padding.
 UNFOLD_MAX_CHANNELS = 4
@@ -79,8 +81,15 @@ class Problem:
         # The same few-channel convolutions run their forward a row per program on the GPU (not in TF32, where
         # the general kernel is faster); the interpreter pays per program and keeps the general kernel's few.
         self.rows_forward = self.unfolded and not (dtype == torch.float32 and self.tf32) and machine.gpu
-        self.channels_last = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
-                              and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
+        # One group in whole 16-channel runs: what the TMA boxes need, and the channels-last kernels of an NCHW
+        # problem (through copies, which pay off only there).
+        self.whole_channel_runs = (groups == 1 and self.C_IN % CHANNELS_LAST_MULTIPLE == 0
+                                   and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0)
+        # One group on the channels-last kernels: of a channels-last problem other channel counts too (the last K
+        # slice of a tap masked, `whole_windows`), which else runs through layout copies both ways; not where a
+        # slice would be mostly padding (the NCHW kernels pack a few channels' taps into K).
+        self.channels_last = self.whole_channel_runs or (
+            groups == 1 and nhwc and min(self.C_IN, self.C_OUT) >= MASKED_SLICE_MIN_CHANNELS)
         most_pixels = UNFOLD_DW_MAX_PIXELS if self.tf32 else UNFOLD_DW_MAX_PIXELS_FULL_FP32
         self.rows_outer_dw = (dtype == torch.float32 and self.channels_last and not self.pointwise and not nhwc
                               and self.stride == (1, 1) and self.OH * self.OW <= most_pixels)
@@ -97,9 +106,9 @@ class Problem:
         self.forward_channels_last = self.grouped or (
             self.channels_last and (nhwc or self.pointwise or self.KH * self.KW > 1))
         # dx's K slices run over C_OUT only, so any C_IN will do.
-        self.dx_channels_last = self.grouped or (groups == 1 and self.C_OUT % CHANNELS_LAST_MULTIPLE == 0
-                                                 and not self.unfolded)
-        # The channels-last dw: one group with whole 16-channel runs, or grouped.
+        self.dx_channels_last = self.grouped or (groups == 1 and not self.unfolded and (
+            self.C_OUT % CHANNELS_LAST_MULTIPLE == 0 or (nhwc and self.C_OUT >= MASKED_SLICE_MIN_CHANNELS)))
+        # The channels-last dw: one group (`channels_last`), or grouped.
         self.dw_channels_last = self.channels_last or self.grouped
         # A strided dx kernel writes each phase's pixels STRIDE_W apart: into NHWC, where a pixel's channels make
         # one run, then transposed; where C_IN is not a multiple of 16 they would not make whole runs. A
@@ -140,8 +149,9 @@ class Problem:
         run it. With stride 1, dx = conv2d(dy, w', padding = dil*(K-1) - pad) with w'[c_in, c_out, kh, kw] =
         w[c_out, c_in, KH-1-kh, KW-1-kw] within each group (same groups): the forward's algorithms and tuning
         (split K included) serve dx."""
-        if self.stride != (1, 1) or not self.dx_channels_last or (self.pointwise and not self.nhwc):
-            return None  # an NCHW 1x1 dx: the pointwise kernel and the channels-last dx compete in dx's own tier
+        if self.stride != (1, 1) or not self.dx_channels_last or (
+                self.pointwise and not (self.nhwc and self.whole_channel_runs)):
+            return None  # a 1x1 dx the pointwise kernel takes too: it and the channels-last dx compete in dx's tier
         pads = [d * (k - 1) - p for d, k, p in zip(self.dilation, (self.KH, self.KW), self.padding)]
         if min(pads) < 0:
             return None

@@ -9,11 +9,13 @@ pointwise products' too (each pass); `ranks` places each.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
 
 from ...launcher import Launcher
+from ...ops.common.host_math import channel_alignment
 from ...ops.conv2d.channels_last import Conv2dGemmClDw, Conv2dGemmClForward, whole_windows, window_width
 from ...ops.conv2d.channels_last_dx import Conv2dGemmClDx
 from ..layout import (channels_first_copy, channels_first_copy_kernels, channels_last_copy, channels_last_copy_kernels,
@@ -51,6 +53,12 @@ def split_k(config, programs: int, k: int, machine) -> list:
     return [config, replace(config, split=split)]
 
 
+def reduced_slice_limit(c_in: int) -> int:
+    """The widest slice of `c_in` channels the channels-last kernels take: one dividing it (whole slices, loaded
+    unmasked) where c_in is a multiple of 16, else any (the last one masked)."""
+    return pow2_dividing(c_in) if c_in % 16 == 0 else pow2_at_least(c_in)
+
+
 def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: int, dtype, machine,
                              taps: int = 0) -> list[GemmConfig]:
     """`gemm_candidates` for the channels-last forward and dx kernels. Their pixel tiles take
@@ -58,12 +66,13 @@ def channels_last_candidates(batch: int, pixels_per_image: int, n: int, c_in: in
     tile is no wider than that rounded up to a power of two, and at least the 64 rows of a Hopper warpgroup MMA
     (several small images then share a tile); in the interpreter tiles span many images, for few programs. K
     slices must not straddle taps: BLOCK_K divides `c_in`, the channels reduced over (C_IN for the forward, C_OUT
-    for dx). When the first guess leaves SMs idle (fewer than two programs per SM), narrower channel tiles go
-    first. With `taps` (the forward's KH*KW; its K is taps*c_in): planes of more than TMA_FORWARD_FIRST_PIXELS
-    pixels try first 64-pixel tiles of several images (`image_pixels` = 16 or 32 pixels of each, dividing the
-    plane; 64 channels wide too, which full fp32's registers want), and a tile set with fewer programs than SMs
-    is also offered split over K right after itself."""
-    limit = pow2_dividing(c_in)
+    for dx), where c_in is a multiple of 16; else (a channels-last problem's) the last slice of a tap is masked.
+    When the first guess leaves SMs idle (fewer than two programs per SM), narrower channel tiles go first. With
+    `taps` (the forward's KH*KW; its K is taps*c_in): planes of more than TMA_FORWARD_FIRST_PIXELS pixels try
+    first 64-pixel tiles of several images (`image_pixels` = 16 or 32 pixels of each, dividing the plane; 64
+    channels wide too, which full fp32's registers want), and a tile set with fewer programs than SMs is also
+    offered split over K right after itself."""
+    limit = reduced_slice_limit(c_in)
     widest = max(64, pow2_at_least(pixels_per_image)) if machine.gpu else 4096
     found = [GemmConfig(min(c.block_m, widest), c.block_n, min(c.block_k, limit), c.num_warps, c.num_stages)
              for c in gemm_candidates(batch * pixels_per_image, n, c_in, dtype, machine)]
@@ -86,8 +95,9 @@ def channels_last_dw_candidates(m: int, c_in: int, taps: int, pixels: int, dtype
     holds all C_IN channels of BLOCK_N/C_IN taps (small power-of-two C_IN: the dy tile is then loaded once for
     several taps). For fp32, unpipelined variants (num_stages=1) first: TF32 tensor cores take operands contiguous
     along the reduced pixels, these are contiguous along channels, and an unpipelined tile is loaded 16 bytes at a
-    time and transposed on its way into shared memory; for bf16, 128 x 64 tiles with 8 warps first."""
-    limit = pow2_dividing(c_in)
+    time and transposed on its way into shared memory; for bf16, 128 x 64 tiles with 8 warps first. A `c_in` that is
+    no multiple of 16 has its last column tile of each tap masked."""
+    limit = reduced_slice_limit(c_in)
     if not machine.gpu:
         return [GemmConfig(clamp_pow2(m, 16, 64), min(clamp_pow2(c_in * taps, 16, 128), limit),
                            clamp_pow2(pixels, 16, 4096), 4, 1, 1)]
@@ -106,7 +116,7 @@ def channels_last_dw_candidates(m: int, c_in: int, taps: int, pixels: int, dtype
         else:
             block_n = min(block_n, limit)
         span = max(1, block_n // c_in)
-        tiles = -(-m // block_m) * -(-taps // span) * (c_in // (block_n // span))
+        tiles = -(-m // block_m) * -(-taps // span) * -(-c_in // (block_n // span))
         configs.append(GemmConfig(block_m, block_n, block_k, warps, stages,
                                   dw_split(tiles, pixels, block_k, oversubscribe, machine)))
     return list(dict.fromkeys(configs))
@@ -220,6 +230,11 @@ def _same(t):
     return t
 
 
+def gemm_alignment(p) -> int:
+    """C_ALIGN of the channels-last GEMMs on p: what the compiler is told of both channel counts of a group."""
+    return channel_alignment(math.gcd(p.cin_per_group, p.C_OUT // p.groups), p.dtype.itemsize)
+
+
 class ClForward(Algorithm):
     name = "cl_forward"
     channels_last_input = True
@@ -237,7 +252,7 @@ class ClForward(Algorithm):
         block_q = image_tile(config.block_m, p.OH * p.OW, config.image_pixels)
         whole = whole_windows(p.C_IN, p.cin_per_group, p.C_OUT // p.groups, config.block_n, p.groups, config.block_k)
         constants = p.geometry + (p.groups, whole, p.has_bias, p.tf32, p.flip_taps, p.nhwc, config.block_m,
-                                  config.block_n, config.block_k, block_q, config.split)
+                                  config.block_n, config.block_k, block_q, config.split, gemm_alignment(p))
         kernels = forward_copies(p, config.block_n) + [make_kernel(Conv2dGemmClForward, constants, p, config)]
         return kernels + ([split_sum_kernel(p, p.B * p.C_OUT * p.OH * p.OW)] if config.split > 1 else [])
 
@@ -266,7 +281,7 @@ class ClDx(Algorithm):
         block_q = image_tile(config.block_m, p.pixels_per_phase)
         whole = whole_windows(p.C_OUT, p.C_OUT // p.groups, p.cin_per_group, config.block_n, p.groups, config.block_k)
         constants = p.geometry + (p.groups, whole, p.tf32, p.dx_nhwc, config.block_m, config.block_n, config.block_k,
-                                  block_q)
+                                  block_q, gemm_alignment(p))
         return make_kernel(Conv2dGemmClDx, constants, p, config)
 
     def kernels(self, p, config):
@@ -304,7 +319,7 @@ def _dx_weight(weight):
 
 def tma_boxes_fit(p) -> bool:
     """Whether the TMA kernels (`tma.py`) run p: one group in 16-channel runs, stride 1, a GPU with a TMA unit."""
-    return p.channels_last and p.stride == (1, 1) and p.machine.tma
+    return p.whole_channel_runs and p.stride == (1, 1) and p.machine.tma
 
 
 class ClDw(Algorithm):
@@ -325,7 +340,7 @@ class ClDw(Algorithm):
         whole = whole_windows(p.C_IN, p.cin_per_group, p.C_OUT // p.groups, config.block_m, p.groups,
                               config.block_n // tap_span)
         constants = p.geometry + (p.groups, whole, p.has_bias, p.tf32, config.block_m, config.block_n, config.block_k,
-                                  tap_span)
+                                  tap_span, gemm_alignment(p))
         return channels_last_operand_copies(p) + [make_kernel(Conv2dGemmClDw, constants, p, config),
                                                   reduce_kernel(p, p.has_bias)]
 

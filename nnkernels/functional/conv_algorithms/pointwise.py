@@ -104,7 +104,8 @@ def _subsample_kernels(p) -> list:
 
 class _Pointwise(Algorithm):
     def applies(self, p):
-        return p.pointwise and not (p.nhwc and p.channels_last)  # channels-last tensors: the NHWC products
+        # channels-last tensors in 16-channel runs: the NHWC products alone; else both, through copies or masked
+        return p.pointwise and not (p.nhwc and p.whole_channel_runs)
 
     def ranks(self, p, count):
         """The first two ahead of the channels-last candidates they share a tier with, so that quick tuning times

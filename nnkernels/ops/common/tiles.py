@@ -45,6 +45,13 @@ def columns_in(cols, row_length, ROW_ALIGN: tl.constexpr):
 
 
 @triton.jit
+def known_multiple(n, ALIGN: tl.constexpr):
+    """n, a multiple of ALIGN, written (n // ALIGN) * ALIGN so that the compiler sees it is one (a no-op that folds
+    away at ALIGN = 1): offsets built from it are then multiples too, and channel runs load as vectors."""
+    return (n // ALIGN) * ALIGN
+
+
+@triton.jit
 def nhwc_row(pixel, C, C_ALIGN: tl.constexpr):
     """The offset of pixel `pixel`'s channels in an NHWC array of C channels, in int64; where C_ALIGN > 1 (a power
     of two dividing C) the compiler is told it is a multiple of C_ALIGN, so that channel runs load as vectors."""

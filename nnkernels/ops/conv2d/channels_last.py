@@ -7,20 +7,24 @@ pipelining). With channels last, a K-slice is BLOCK_K consecutive, aligned chann
 pixel: 16-byte vector loads that the compiler pipelines. The op makes the channels-last copy
 of its NCHW input (one memory pass), or reads a channels-last input as it is; the forward writes y in either
 layout (Y_NHWC), dw its own.
-Used when groups == 1 and the channel counts are multiples of BLOCK_K, and for grouped convolutions (not
-depthwise): a tile then spans the groups of its output channels with a block-diagonal weight tile.
+Used when groups == 1 and the channel counts are multiples of 16, for channels-last tensors of any channel count
+(the last K slice of a tap masked), and for grouped convolutions (not depthwise): a tile then spans the groups of
+its output channels with a block-diagonal weight tile.
 dx from a channels-last dy is `Conv2dGemmClDx` (conv2d_gemm_channels_last_dx.py).
 """
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from ...kernel import kernel_object
-from ..common.checks import check_grid_3d, check_numel
+from ..common.checks import check_channel_alignment, check_grid_3d, check_numel
 from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row, split_slice
 from .checks import check_conv_launch
 from ..common.host_math import cdiv
 from ..common.tensor_core import conv_dot
+from ..common.tiles import columns_in, known_multiple
 
 
 def check_image_tiles(k):
@@ -30,15 +34,15 @@ def check_image_tiles(k):
     return k.block_m // k.block_q
 
 
-def check_forward_k_slices(k, a, groups=1):
+def check_forward_k_slices(k, a, groups=1, whole=True):
     """The channels-last forwards' K: slices of BLOCK_K channels inside one tap, at most one slice per split
-    (grouped: no split, and the last slice of a tile's channels masked); bias and the split's fp32 partials sized
-    to the output."""
+    (grouped: no split); of one group, whole slices (BLOCK_K divides C_IN) unless not `whole` (the last slice of a
+    tap then masked); bias and the split's fp32 partials sized to the output."""
     if groups > 1 and k.split_k != 1:
         raise ValueError(f"split_k: expected 1 for a grouped convolution (groups = {groups}), got {k.split_k}")
-    if groups == 1 and a.C_IN % k.block_k:
+    if groups == 1 and whole and a.C_IN % k.block_k:
         raise ValueError(f"C_IN: expected a multiple of block_k = {k.block_k}, got {a.C_IN}")
-    steps = max(1, k.kh * k.kw * a.C_IN // k.block_k)
+    steps = max(1, k.kh * k.kw * cdiv(a.C_IN, k.block_k))
     if k.split_k > steps:
         raise ValueError(f"split_k: expected at most the {steps} K-steps of block_k = {k.block_k}, got {k.split_k}")
     if k.has_bias:
@@ -54,8 +58,9 @@ def conv2d_gemm_cl_forward_entry(k, a):
         width = window_width(a.C_IN, cin_per_group, cout_per_group, k.block_n, k.g)
         check_numel("w", a.w, a.C_OUT * k.kh * k.kw * width, "C_OUT*KH*KW*WIDTH (`Conv2dGroupedWeight`)")
     check_whole_windows(k, a.C_IN, cin_per_group, cout_per_group, k.block_n, k.block_k)
+    check_channel_alignment(k.c_align, math.gcd(cin_per_group, cout_per_group))
     images = check_image_tiles(k)
-    check_forward_k_slices(k, a, k.g)
+    check_forward_k_slices(k, a, k.g, k.whole_windows)
     return check_grid_3d(cdiv(a.B, images) * cdiv(a.OH * a.OW, k.block_q),
                          cdiv(a.C_OUT, k.block_n), k.split_k)
 
@@ -121,24 +126,26 @@ def conv2d_gemm_cl_forward(
     G: tl.constexpr, WHOLE_WINDOWS: tl.constexpr, HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
     FLIP_TAPS: tl.constexpr, Y_NHWC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, C_ALIGN: tl.constexpr,
 ):
     """2-D convolution forward (G groups) from channels-last x and w, NCHW y (NHWC when Y_NHWC); implicit GEMM.
 
     x is [B, H, W, C_IN] and w is [C_OUT, KH, KW, C_IN], both contiguous, with w's taps in reverse
     order when FLIP_TAPS (w[c_out, KH-1-kh, KW-1-kw, c_in] stands for tap (kh, kw): a stride-1 dx is
     this forward on dy with the weight transposed, and flipped here rather than by another copy);
-    G = 1: C_IN % BLOCK_K == 0. G > 1: SPLIT_K = 1; a tile's K runs, tap by tap, over the WIDTH input channels
-    of the groups its BLOCK_N output channels belong to (`group_window`, the last slice masked unless
-    WHOLE_WINDOWS, `whole_windows`: every window whole and aligned), and w is [C_OUT, KH, KW, WIDTH], each
-    row those channels' weights, zero outside the row's group (`Conv2dGroupedWeight` with TILE_N = BLOCK_N):
-    several narrow groups share one block-diagonal tensor-core product;
+    a tile's K runs, tap by tap, over the WIDTH input channels of the groups its BLOCK_N output channels belong to
+    (`group_window`; G = 1: all C_IN of them, WIDTH = C_IN), the last slice of a tap masked unless
+    WHOLE_WINDOWS (`whole_windows`: every window whole and aligned; G = 1: BLOCK_K divides C_IN). G > 1:
+    SPLIT_K = 1, and w is [C_OUT, KH, KW, WIDTH], each row those channels' weights, zero outside the row's
+    group (`Conv2dGroupedWeight` with TILE_N = BLOCK_N): several narrow groups share one block-diagonal
+    tensor-core product. C_ALIGN is a power of two dividing C_IN/G and C_OUT/G (`channel_alignment`), which
+    the compiler is told, so that masked slices and channel runs still load as vectors;
     one image of x and one of y hold fewer than 2**31 elements. A pixel tile is I = BLOCK_M/BLOCK_Q
     images by BLOCK_Q pixels of each (I = 1 for large images; several small images per tile).
     Grid: (cdiv(B, I) * cdiv(OH*OW, BLOCK_Q), cdiv(C_OUT, BLOCK_N), SPLIT_K). Program
     (g * cdiv(OH*OW, BLOCK_Q) + t, pn, s) takes the images b in [g*I, (g+1)*I), their pixels
     q = oh*OW + ow in [t*BLOCK_Q, (t+1)*BLOCK_Q), the BLOCK_N channels c_out of tile pn, and the
-    K-steps [s*S, min((s+1)*S, KS)) of the KS = KH*KW*C_IN/BLOCK_K slices of K (each inside one
+    K-steps [s*S, min((s+1)*S, KS)) of the KS = KH*KW*cdiv(WIDTH, BLOCK_K) slices of K (each inside one
     tap), S = cdiv(KS, SPLIT_K), and forms
         [bias[c_out] in split 0] + sum over those (kh, kw, c_in of c_out's group) of
             w[c_out, kh, kw, c_in] * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
@@ -155,6 +162,8 @@ def conv2d_gemm_cl_forward(
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    C_IN = known_multiple(C_IN, C_ALIGN)
+    C_OUT = known_multiple(C_OUT, C_ALIGN)
     ohw = OH * OW
     b, q = image_tile(pid_m, ohw, BLOCK_M, BLOCK_Q)
     q_ok = (q < ohw) & (b < B)
@@ -163,10 +172,10 @@ def conv2d_gemm_cl_forward(
     # Negative inside an image where the window starts in the padding (those are masked).
     x_pixel = b.to(tl.int64) * H * W * C_IN + (ih_first * W + iw_first) * C_IN
     c_out = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_out_ok = c_out < C_OUT
+    c_out_ok = columns_in(c_out, C_OUT, C_ALIGN)
     channel = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if G == 1:
+    if G == 1 and WHOLE_WINDOWS:
         k_total = KH * KW * C_IN
         w_rows = w + c_out.to(tl.int64)[:, None] * k_total
         steps_per_split = tl.cdiv(k_total // BLOCK_K, SPLIT_K)
@@ -186,15 +195,16 @@ def conv2d_gemm_cl_forward(
             w_tile = tl.load(w_rows + w_k + channel[None, :], mask=c_out_ok[:, None], other=0.0)
             acc = conv_dot(x_tile, tl.trans(w_tile), acc, TF32)
     else:
-        cin_per_group = C_IN // G
+        cin_per_group = known_multiple(C_IN // G, C_ALIGN)
         cout_per_group = C_OUT // G
         first, end, width, slices = tile_window(pid_n * BLOCK_N, BLOCK_N, cout_per_group, cin_per_group, C_IN, G,
                                                 WHOLE_WINDOWS, BLOCK_K)
         w_rows = w + c_out.to(tl.int64)[:, None] * (KH * KW * width)
-        for step in range(0, KH * KW * slices):
+        step_begin, step_end = split_steps(KH * KW * slices, SPLIT_K)
+        for step in range(step_begin, step_end):
             tap = step // slices
             c_in = first + (step % slices) * BLOCK_K + channel
-            c_in_ok = window_ok(c_in, end, BLOCK_K, WHOLE_WINDOWS)
+            c_in_ok = window_ok(c_in, end, BLOCK_K, WHOLE_WINDOWS, C_ALIGN)
             dh = (tap // KW) * DIL_H
             dw = (tap % KW) * DIL_W
             inside = q_ok & (ih_first >= -dh) & (ih_first < H - dh) & (iw_first >= -dw) & (iw_first < W - dw)
@@ -222,8 +232,7 @@ def conv2d_gemm_cl_dw_entry(k, a):
     if k.tap_span > 1 and window != channels_per_tap:
         raise ValueError(f"block_n: expected tap_span * {window} (a tile spanning taps holds all the input channels "
                          f"of its output channels), got {k.block_n}")
-    if k.g == 1 and a.C_IN % channels_per_tap:
-        raise ValueError(f"C_IN: expected a multiple of block_n = {k.block_n}, got {a.C_IN}")
+    check_channel_alignment(k.c_align, math.gcd(cin_per_group, cout_per_group))
     if a.SPLIT > a.B * a.OH * a.OW:
         raise ValueError(f"SPLIT: expected at most B*OH*OW = {a.B * a.OH * a.OW} slices, got {a.SPLIT}")
     check_whole_windows(k, a.C_IN, cin_per_group, cout_per_group, k.block_m, channels_per_tap)
@@ -251,11 +260,11 @@ def window_width(c_in, in_per_group, out_per_group, block, groups):
 def whole_windows(c_in, in_per_group, out_per_group, block, groups, block_k) -> bool:
     """Whether every tile of `block` channels of a grouped convolution reads a whole window of reduced channels
     (`window_width`, within the `c_in`) that starts at a multiple of it, and `block_k` divides the window: the tile
-    holds whole groups (a number dividing `groups`) or lies inside one. The kernels' WHOLE_WINDOWS: K slices loaded
-    unmasked from an offset the compiler knows is a multiple of `block_k`, as 16-byte vectors (a masked or
-    unaligned slice is loaded one element at a time)."""
+    holds whole groups (a number dividing `groups`) or lies inside one; of one group, whether `block_k` divides
+    `c_in` (its one window). The kernels' WHOLE_WINDOWS: K slices loaded unmasked from an offset the compiler
+    knows is a multiple of `block_k`; else the last slice of a window is masked (`window_ok`)."""
     if groups == 1:
-        return False
+        return c_in % block_k == 0
     if out_per_group % block == 0:
         aligned = True
     elif block % out_per_group == 0:
@@ -296,14 +305,28 @@ def tile_window(first_out, BLOCK: tl.constexpr, out_per_group, in_per_group, in_
 
 
 @triton.jit
-def window_ok(c, end, BLOCK: tl.constexpr, WHOLE_WINDOWS: tl.constexpr):
+def window_ok(c, end, BLOCK: tl.constexpr, WHOLE_WINDOWS: tl.constexpr, C_ALIGN: tl.constexpr):
     """[BLOCK] mask of the reduced channels c below the window's `end`: all true, as a constant the compiler sees,
-    when WHOLE_WINDOWS."""
+    when WHOLE_WINDOWS; else compared a C_ALIGN group at a time (`columns_in`; the windows' bounds are multiples of
+    the kernels' C_ALIGN), so that masked slices still load as vectors."""
     if WHOLE_WINDOWS:
         ok = tl.full([BLOCK], 1, tl.int1)
     else:
-        ok = c < end
+        ok = columns_in(c, end, C_ALIGN)
     return ok
+
+
+@triton.jit
+def split_steps(steps, SPLIT_K: tl.constexpr):
+    """[begin, end) of this program's K-steps of `steps`: all of them, or its split's cdiv(steps, SPLIT_K) of
+    them (split = program_id(2))."""
+    if SPLIT_K == 1:
+        begin, end = 0, steps
+    else:
+        per_split = tl.cdiv(steps, SPLIT_K)
+        begin = tl.program_id(2) * per_split
+        end = tl.minimum(begin + per_split, steps)
+    return begin, end
 
 
 @triton.jit
@@ -321,15 +344,17 @@ def conv2d_gemm_cl_dw(
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     G: tl.constexpr, WHOLE_WINDOWS: tl.constexpr, HAS_BIAS: tl.constexpr, TF32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAP_SPAN: tl.constexpr,
+    C_ALIGN: tl.constexpr,
 ):
     """2-D convolution weight gradient (G groups) from channels-last dy and x, split over pixels.
 
     dy is [B, OH, OW, C_OUT] and x is [B, H, W, C_IN], both contiguous. A column tile holds
     TAP_SPAN taps by CT = BLOCK_N/TAP_SPAN channels of the tile's window: the input channels its BLOCK_M
     output channels read (all C_IN when G = 1; else those of their groups, from `group_window`, WIN wide at
-    most, `window_width`). CT divides C_IN when G = 1, and CT == WIN when TAP_SPAN > 1 (small C_IN: a tile of
-    several taps reuses each dy tile for all of them). WHOLE_WINDOWS (`whole_windows` with BLOCK_M and CT): every
-    window whole and aligned, its x slices loaded unmasked.
+    most, `window_width`). CT == WIN when TAP_SPAN > 1 (small C_IN: a tile of several taps reuses each dy tile
+    for all of them). WHOLE_WINDOWS (`whole_windows` with BLOCK_M and CT): every window whole and aligned (G = 1:
+    CT divides C_IN), its x slices loaded unmasked; else the last column tile of a window masked. C_ALIGN as in
+    `conv2d_gemm_cl_forward`.
     Grid: (M * cdiv(KH*KW, TAP_SPAN) * cdiv(WIN, CT) + (M when HAS_BIAS), SPLIT, 1), M = cdiv(C_OUT, BLOCK_M).
     Program (tile, s) takes the pixels p = b*OH*OW + oh*OW + ow of slice s, [s*L, min((s+1)*L, B*OH*OW))
     with L = cdiv(cdiv(B*OH*OW, SPLIT), BLOCK_K)*BLOCK_K. A product tile (tile < M * tap groups * blocks),
@@ -346,10 +371,14 @@ def conv2d_gemm_cl_dw(
     split = tl.program_id(1)
     taps: tl.constexpr = KH * KW
     CT: tl.constexpr = BLOCK_N // TAP_SPAN
-    cin_per_group = C_IN // G
+    C_IN = known_multiple(C_IN, C_ALIGN)
+    C_OUT = known_multiple(C_OUT, C_ALIGN)
+    cin_per_group = known_multiple(C_IN // G, C_ALIGN)
     cout_per_group = C_OUT // G
-    if G == 1:
+    if G == 1 and WHOLE_WINDOWS:
         channel_blocks = C_IN // CT
+    elif G == 1:
+        channel_blocks = tl.cdiv(C_IN, CT)
     else:
         channel_blocks = tl.cdiv(group_window_width(BLOCK_M, cin_per_group, cout_per_group, G), CT)
     tiles_per_m = tl.cdiv(taps, TAP_SPAN) * channel_blocks
@@ -368,11 +397,11 @@ def conv2d_gemm_cl_dw(
             window_first, window_end = group_window(m_first, BLOCK_M, cout_per_group, cin_per_group, C_IN)
             window_first = window_start(window_first, WHOLE_WINDOWS, CT)
         c_in = window_first + (tile_n % channel_blocks) * CT + tl.arange(0, CT)
-        c_in_ok = window_ok(c_in, window_end, CT, WHOLE_WINDOWS)
+        c_in_ok = window_ok(c_in, window_end, CT, WHOLE_WINDOWS, C_ALIGN)
         dh = (tap // KW) * DIL_H
         dw = (tap % KW) * DIL_W
         c_out = m_first + tl.arange(0, BLOCK_M)
-        c_out_ok = c_out < C_OUT
+        c_out_ok = columns_in(c_out, C_OUT, C_ALIGN)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for p_first in range(slice_first, slice_end, BLOCK_K):
             p = p_first + tl.arange(0, BLOCK_K)
@@ -384,7 +413,7 @@ def conv2d_gemm_cl_dw(
             dy_tile = tl.load(dy + (p.to(tl.int64) * C_OUT)[:, None] + c_out[None, :],
                               mask=p_ok[:, None] & c_out_ok[None, :], other=0.0)
             x_pixel = (((p // ohw).to(tl.int64)[:, None] * H + ih) * W + iw) * C_IN
-            if G == 1:
+            if G == 1 and WHOLE_WINDOWS:
                 x_taps = tl.load(x + x_pixel[:, :, None] + c_in[None, None, :], mask=inside[:, :, None], other=0.0)
             else:
                 x_taps = tl.load(x + x_pixel[:, :, None] + c_in[None, None, :],
@@ -402,7 +431,7 @@ def conv2d_gemm_cl_dw(
         tl.store(row + (c_out * (cin_per_group * taps))[:, None] + column[None, :], acc, mask=written)
     elif HAS_BIAS:
         c_out = (pid_tile - product_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
-        c_out_ok = c_out < C_OUT
+        c_out_ok = columns_in(c_out, C_OUT, C_ALIGN)
         dbias = tl.zeros([BLOCK_M], dtype=tl.float32)
         for p_first in range(slice_first, slice_end, BLOCK_K):
             p = p_first + tl.arange(0, BLOCK_K)
@@ -415,8 +444,8 @@ def conv2d_gemm_cl_dw(
 Conv2dGemmClForward = kernel_object(
     conv2d_gemm_cl_forward,
     helpers=(conv_dot, image_tile, group_window, window_start, window_ok, group_window_width, tile_window,
-             add_forward_bias, forward_y_offset, store_forward_tile),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, False, True, False, False, 128, 64, 64, 128, 1),
+             split_steps, add_forward_bias, forward_y_offset, store_forward_tile, columns_in, known_multiple),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, False, True, False, False, 128, 64, 64, 128, 1, 1),
     entry=conv2d_gemm_cl_forward_entry,
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
@@ -426,9 +455,9 @@ Conv2dGemmClForward = kernel_object(
 )
 Conv2dGemmClDw = kernel_object(
     conv2d_gemm_cl_dw,
-    helpers=(conv_dot, group_window, window_start, window_ok, group_window_width, split_slice,
-             *PARTIAL_ROW_HELPERS),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, False, True, 64, 64, 64, 1),
+    helpers=(conv_dot, group_window, window_start, window_ok, group_window_width, split_slice, columns_in,
+             known_multiple, *PARTIAL_ROW_HELPERS),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, False, True, 64, 64, 64, 1, 1),
     entry=conv2d_gemm_cl_dw_entry,
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),

@@ -13,17 +13,20 @@ bytes at every other address (bf16, stride 2), and ResNet-50's stride-2 3x3 laye
 B64 128@56). DX_NHWC writes dx channels-last instead (whole runs of BLOCK_N channels per
 pixel); the caller transposes it to NCHW.
 """
+import math
+
 import triton
 import triton.language as tl
 
 from ...kernel import kernel_object
-from ..common.checks import check_grid_3d, check_numel
+from ..common.checks import check_channel_alignment, check_grid_3d, check_numel
 from .channels_last import (check_image_tiles, check_whole_windows, group_window, group_window_width, image_tile,
                             tile_window, window_ok, window_start, window_width)
 from .gemm_dx import phase_taps
 from .checks import check_conv_launch
 from ..common.host_math import cdiv
 from ..common.tensor_core import conv_dot
+from ..common.tiles import columns_in, known_multiple
 
 
 def conv2d_gemm_cl_dx_entry(k, a):
@@ -31,8 +34,7 @@ def conv2d_gemm_cl_dx_entry(k, a):
     for `Conv2dGemmClDx`."""
     cin_per_group, cout_per_group = check_conv_launch(k, a, k.g)
     images = check_image_tiles(k)
-    if k.g == 1 and a.C_OUT % k.block_k:
-        raise ValueError(f"C_OUT: expected a multiple of block_k = {k.block_k}, got {a.C_OUT}")
+    check_channel_alignment(k.c_align, math.gcd(cin_per_group, cout_per_group))
     width = window_width(a.C_OUT, cout_per_group, cin_per_group, k.block_n, k.g)
     check_whole_windows(k, a.C_OUT, cout_per_group, cin_per_group, k.block_n, k.block_k)
     check_numel("w_t", a.w_t, k.kh * k.kw * a.C_IN * width, "KH*KW*C_IN*WIDTH")
@@ -48,17 +50,19 @@ def conv2d_gemm_cl_dx(
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     G: tl.constexpr, WHOLE_WINDOWS: tl.constexpr, TF32: tl.constexpr, DX_NHWC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
+    C_ALIGN: tl.constexpr,
 ):
     """2-D convolution data gradient (G groups) from channels-last dy; gather form, no atomics.
 
     dy is [B, OH, OW, C_OUT] and w_t is the weight as [KH, KW, C_IN, WIDTH] (both operands
     contiguous along the reduced c_out, as TF32 tensor cores need them), both contiguous; dx is NCHW, or
-    [B, H, W, C_IN] when DX_NHWC. G = 1: WIDTH = C_OUT, C_OUT % BLOCK_K == 0. G > 1: a tile's K runs over the
-    WIDTH output channels of the groups of its BLOCK_N input channels (`group_window`, the last slice masked
-    unless WHOLE_WINDOWS, `whole_windows`: every window whole and aligned), and w_t's rows hold those channels'
-    weights, zero outside the row's group (`Conv2dGroupedWeight`, TAPS_OUTER and SRC_TRANSPOSED, TILE_N =
-    BLOCK_N): one block-diagonal product for several narrow groups; one image of dy and one of dx hold fewer
-    than 2**31 elements. A pixel tile is I = BLOCK_M/BLOCK_Q images by BLOCK_Q pixels of one phase of each.
+    [B, H, W, C_IN] when DX_NHWC. A tile's K runs over the WIDTH output channels of the groups of its BLOCK_N
+    input channels (`group_window`; G = 1: WIDTH = C_OUT), the last slice of a tap masked unless WHOLE_WINDOWS
+    (`whole_windows`: every window whole and aligned; G = 1: BLOCK_K divides C_OUT). G > 1: w_t's rows hold
+    those channels' weights, zero outside the row's group (`Conv2dGroupedWeight`, TAPS_OUTER and SRC_TRANSPOSED,
+    TILE_N = BLOCK_N): one block-diagonal product for several narrow groups. C_ALIGN as in
+    `conv2d_gemm_cl_forward`. One image of dy and one of dx hold fewer than 2**31 elements. A pixel tile is
+    I = BLOCK_M/BLOCK_Q images by BLOCK_Q pixels of one phase of each.
     Grid: (cdiv(B, I) * cdiv(PR*PC, BLOCK_Q), cdiv(C_IN, BLOCK_N), STRIDE_H*STRIDE_W), with
     PR = cdiv(H, STRIDE_H) and PC = cdiv(W, STRIDE_W) the rows and columns of a phase. Program
     (g * cdiv(PR*PC, BLOCK_Q) + t, pn, ph*STRIDE_W + pw) writes dx[b, c_in, ih, iw] for the images
@@ -74,6 +78,8 @@ def conv2d_gemm_cl_dx(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     phase = tl.program_id(2)
+    C_IN = known_multiple(C_IN, C_ALIGN)
+    C_OUT = known_multiple(C_OUT, C_ALIGN)
     phase_h = phase // STRIDE_W
     phase_w = phase % STRIDE_W
     count_h, first_h, step_h, shift_h, delta_h = phase_taps(phase_h, KH, STRIDE_H, PAD_H, DIL_H)
@@ -91,10 +97,10 @@ def conv2d_gemm_cl_dx(
     ow_first = col + shift_w
     dy_image_first = b.to(tl.int64) * OH * OW * C_OUT  # offset of each row's image in dy
     c_in = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_in_ok = c_in < C_IN
+    c_in_ok = columns_in(c_in, C_IN, C_ALIGN)
     channel = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if G == 1:
+    if G == 1 and WHOLE_WINDOWS:
         k_total = count_h * count_w * C_OUT
         for k_first in range(0, k_total, BLOCK_K):
             tap_pair = k_first // C_OUT
@@ -112,13 +118,13 @@ def conv2d_gemm_cl_dx(
             acc = conv_dot(dy_tile, w_tile, acc, TF32)
     else:
         cin_per_group = C_IN // G
-        cout_per_group = C_OUT // G
+        cout_per_group = known_multiple(C_OUT // G, C_ALIGN)
         first, end, width, slices = tile_window(pid_n * BLOCK_N, BLOCK_N, cin_per_group, cout_per_group, C_OUT, G,
                                                 WHOLE_WINDOWS, BLOCK_K)
         for step in range(0, count_h * count_w * slices):
             tap_pair = step // slices
             c_out = first + (step % slices) * BLOCK_K + channel
-            c_out_ok = window_ok(c_out, end, BLOCK_K, WHOLE_WINDOWS)
+            c_out_ok = window_ok(c_out, end, BLOCK_K, WHOLE_WINDOWS, C_ALIGN)
             t_h = tap_pair // count_w
             t_w = tap_pair % count_w
             oh = oh_first - t_h * delta_h
@@ -149,8 +155,9 @@ def conv2d_gemm_cl_dx(
 
 Conv2dGemmClDx = kernel_object(
     conv2d_gemm_cl_dx,
-    helpers=(phase_taps, conv_dot, image_tile, group_window, window_start, window_ok, group_window_width, tile_window),
-    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, False, True, False, 128, 64, 64, 128),
+    helpers=(phase_taps, conv_dot, image_tile, group_window, window_start, window_ok, group_window_width, tile_window,
+             columns_in, known_multiple),
+    example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, True, False, 128, 64, 64, 128, 1),
     entry=conv2d_gemm_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("WHOLE_WINDOWS", "TF32", "DX_NHWC"),
