@@ -95,13 +95,20 @@ def test_bad_launch_raises_and_writes_nothing():
     assert torch.isnan(y).all()
 
 
-def test_candidates_cover_the_channels_and_stay_within_the_pixels():
-    for pixels, channels in ((3, 5), (100_000, 256), (49, 2048)):
+@pytest.mark.parametrize("channels, widths", [(5, [8]), (256, [64]), (2048, [64]), (120, [64]), (72, [16, 64]),
+                                              (200, [32, 64]), (40, [16, 64]), (24, [8, 32]), (16, [16]),
+                                              (80, [32, 64]), (112, [64])])
+def test_candidates_leave_few_channels_idle_and_stay_within_the_pixels(channels, widths):
+    """Channel tiles: first the widest (up to 64) whose tiles leave at most a quarter of the channels idle (else
+    8), then as wide as the channels, so that quick tuning (three candidates) times both; the interpreter takes
+    the first; the pixel tile no wider than the pixels."""
+    for pixels in (3, 49, 100_000):
         for machine in (GPU, INTERPRETER):
             configs = nhwc_tiles(pixels, channels, machine)
             assert configs and len(set(configs)) == len(configs)
+            assert [c.block_c for c in configs[:len(widths)]] == (widths if machine.gpu else widths[:1])
+            assert {c.block_c for c in configs} == set(widths if machine.gpu else widths[:1])
             for config in configs:
-                assert config.block_c <= 64 and config.block_c >= min(channels, 64)
                 assert config.block_p <= max(1, 2 ** (pixels - 1).bit_length())
 
 
