@@ -3,7 +3,7 @@ avg_pool2d, batch_norm) must match PyTorch in float64 (forward, backward and, fo
 statistics).
 
 The drawn space covers 1x1 images, batch 1, channel counts that are multiples of nothing (and,
-for the channels-last convolution path, multiples of 16),
+for the channels-last convolution path, multiples of 16; channels-last tensors of 8 to 24 channels too),
 kernels as large as the padded input, strides, paddings ("same" and "valid" too), dilations, groups (depthwise
 included), ceil_mode, count_include_pad, divisor_override, 3-D (unbatched) and 2-D input, and
 fp32/fp16/bf16. Data is fresh random normal (never zeros), seeded by hypothesis so a failure
@@ -136,6 +136,44 @@ def test_conv2d_matches_pytorch(p):
     w = random_tensor(generator, (p["c_out"], p["c_in"] // p["groups"], *p["kernel"]), dtype)
     b = random_tensor(generator, (p["c_out"],), dtype) if p["bias"] else None
     options = dict(stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p["groups"])
+    check_grads(
+        (x, w, b),
+        lambda x, w, b: conv2d(x, w, b, **options),
+        lambda x, w, b: F.conv2d(x, w, b, **options),
+        dtype, conv_tolerance(dtype), generator, magnitudes=lambda x, w, b: F.conv2d(x, w, b, **options),
+    )
+
+
+@st.composite
+def channels_last_conv_problems(draw):
+    # One group on channels-last tensors with channel counts of 8 or more, multiples of 16 or not: the
+    # channels-last kernels, the last K slice of a tap masked where 16 does not divide the channels.
+    top = 40 if LARGE else 24
+    kernel = [draw(st.integers(1, 3)) for _ in range(2)]
+    padding = [draw(st.integers(0, k // 2 + 1)) for k in kernel]
+    stride = [draw(st.integers(1, 2)) for _ in range(2)]
+    size = [max(k, draw(st.integers(1, 2 + MAX_EXTRA))) for k in kernel]
+    return dict(batch=draw(st.integers(1, MAX_BATCH)), c_in=draw(st.integers(8, top)), c_out=draw(st.integers(8, top)),
+                size=size, kernel=kernel, stride=stride, padding=padding, bias=draw(st.booleans()),
+                dtype=draw(DTYPES), seed=draw(st.integers(0, 2**31 - 1)))
+
+
+@settings(settings.get_profile(PROFILE), max_examples=max(4, settings.get_profile(PROFILE).max_examples // 2))
+@given(channels_last_conv_problems())
+def test_channels_last_conv2d_matches_pytorch(p):
+    """Channels-last x in, channels-last y and dx out (as torch gives them), values against float64."""
+    generator = torch.Generator().manual_seed(p["seed"])
+    dtype = p["dtype"]
+    x = random_tensor(generator, (p["batch"], p["c_in"], *p["size"]), dtype).contiguous(
+        memory_format=torch.channels_last)
+    w = random_tensor(generator, (p["c_out"], p["c_in"], *p["kernel"]), dtype)
+    b = random_tensor(generator, (p["c_out"],), dtype) if p["bias"] else None
+    options = dict(stride=p["stride"], padding=p["padding"])
+    leaf = x.detach().requires_grad_()
+    y = conv2d(leaf, w, b, **options)
+    y.backward(random_tensor(generator, tuple(y.shape), dtype).contiguous(memory_format=torch.channels_last))
+    assert y.is_contiguous(memory_format=torch.channels_last) and leaf.grad.is_contiguous(
+        memory_format=torch.channels_last)
     check_grads(
         (x, w, b),
         lambda x, w, b: conv2d(x, w, b, **options),
