@@ -179,7 +179,8 @@ def test_channels_last_kernels_check_c_align():
     y = poisoned(1, 40, 5, 5)
     wrong = Conv2dGemmClForward(3, 3, 1, 1, 1, 1, 1, 1, 1, False, False, False, False, False, 32, 16, 16, 32, 1, 16,
                                 dtype=torch.float32)
-    with pytest.raises(ValueError, match="C_ALIGN: expected a power of two dividing C = 8, got 16"):
+    with pytest.raises(ValueError, match=r"C_ALIGN: expected a power of two dividing gcd\(C_IN/G, C_OUT/G\) = 8, "
+                                         r"got 16"):
         wrong.launch(x, w, y, y, torch.empty(0, device=x.device), 1, 24, 40, 5, 5, 5, 5)
     assert torch.isnan(y).all()
 

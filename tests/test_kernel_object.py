@@ -212,7 +212,7 @@ def test_each_launch_runs_the_kernel_compiled_for_its_arguments():
     that change one of those in turn (and go back) must each get the right kernel, so the right result."""
     from nnkernels.ops.common.layout import ChannelsLastCopy
 
-    kernel = ChannelsLastCopy(16, 16)
+    kernel = ChannelsLastCopy(16, 16, 1, 1)
     source = randn(2 * 33 * 32 + 1)
     for offset, b, c, hw in [(0, 2, 32, 16), (1, 2, 32, 16), (0, 2, 33, 16), (0, 1, 32, 16), (0, 2, 32, 1),
                              (1, 2, 33, 1), (0, 2, 32, 16)]:

@@ -29,7 +29,7 @@ def test_launch_hooked_reads_triton_3_6_and_later_hooks(monkeypatch):
 
 
 def _copy_case():
-    kernel = channels_last_kernel(*channels_last_tiles(16, 20), torch.float32)
+    kernel = channels_last_kernel(16, 20, torch.float32)
     x = randn(3, 16, 4, 5)
     return kernel, x, (3, 16, 20)
 

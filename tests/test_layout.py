@@ -34,13 +34,15 @@ def test_channels_last_equals_permute(shape, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize(
     "shape, tiles",
-    [((2, 37, 5, 7), (16, 16)),  # C over 3 tiles and HW = 35 over 3 tiles, both ragged
-     ((2, 70, 9, 9), (64, 64)),  # the GPU's tiles: C = 70 and HW = 81 each spill into a second tile
-     ((2, 300, 3, 3), (256, 16)),  # a 3x3 weight's tiles: C = 300 spills into a second tile, HW = 9 of 16
-     ((2, 3, 1, 2), (1, 1))],  # one element per program
-    ids=["16x16", "64x64", "256x16", "1x1"],
+    [((2, 37, 5, 7), (16, 16, 1, 1)),  # C over 3 tiles and HW = 35 over 3 tiles, both ragged
+     ((2, 70, 9, 9), (64, 64, 2, 1)),  # the GPU's tiles: C = 70 and HW = 81 each spill into a second tile
+     ((2, 300, 3, 3), (256, 16, 4, 1)),  # a 3x3 weight's tiles: C = 300 spills into a second tile, HW = 9 of 16
+     ((2, 24, 14, 14), (16, 64, 8, 4)),  # rows told multiples of 8 (C) and 4 (HW = 196), both ragged in tiles
+     ((2, 3, 1, 2), (1, 1, 1, 2))],  # one element per program
+    ids=["16x16", "64x64-c-align-2", "256x16-c-align-4", "16x64-aligned-8-4", "1x1"],
 )
 def test_kernel_object_writes_every_element(shape, tiles, dtype):
+    """(BLOCK_C, BLOCK_P, C_ALIGN, HW_ALIGN); the alignments powers of two dividing C and HW."""
     b, c, h, w = shape
     x = randn(*shape, dtype=dtype)
     y = poisoned(b, h, w, c, dtype=dtype)
@@ -70,13 +72,16 @@ def test_pair_kernel_object_writes_every_element_of_both(dtype):
     C_IN = 20 and 9 taps over 16 x 8."""
     x, weight = randn(2, 37, 5, 7, dtype=dtype), randn(12, 20, 3, 3, dtype=dtype)
     y, weight_cl = poisoned(2, 5, 7, 37, dtype=dtype), poisoned(12, 3, 3, 20, dtype=dtype)
-    ChannelsLastCopyPair(16, 16, 16, 8, dtype=dtype).launch(x, y, 2, 37, 35, weight, weight_cl, 12, 20, 9)
+    ChannelsLastCopyPair(16, 16, 16, 8, 1, dtype=dtype).launch(x, y, 2, 37, 35, weight, weight_cl, 12, 20, 9)
+    x, y = randn(2, 32, 14, 14, dtype=dtype), poisoned(2, 14, 14, 32, dtype=dtype)  # HW = 196 told 4 | HW
+    ChannelsLastCopyPair(16, 64, 16, 8, 4, dtype=dtype).launch(x, y, 2, 32, 196, weight, weight_cl, 12, 20, 9)
+    assert_same(y, reference(x))
     assert_same(y, reference(x))
     assert_same(weight_cl, reference(weight))
 
 
 def test_pair_kernel_object_refuses_and_writes_nothing():
-    kernel = ChannelsLastCopyPair(16, 16, 16, 16)
+    kernel = ChannelsLastCopyPair(16, 16, 16, 16, 1)
     x, weight = randn(2, 3, 4, 5), randn(4, 3, 3, 3)
     x_before, weight_before = x.clone(), weight.clone()
     y, weight_cl = poisoned(2, 4, 5, 3), poisoned(4, 3, 3, 3)
@@ -136,7 +141,7 @@ def test_channels_last_refuses(make, exception, message):
 
 
 def test_kernel_object_refuses_and_writes_nothing():
-    kernel = ChannelsLastCopy(16, 16)
+    kernel = ChannelsLastCopy(16, 16, 1, 1)
     x = randn(2, 3, 4, 5)
     x_before = x.clone()
     y = poisoned(2, 4, 5, 3)
@@ -153,6 +158,11 @@ def test_kernel_object_refuses_and_writes_nothing():
         with pytest.raises(exception, match=message):
             kernel.launch(*args)
         assert torch.isnan(y).all() and torch.equal(x, x_before)
+    with pytest.raises(ValueError, match=r"^C_ALIGN: expected a power of two dividing C = 20, got 8"):
+        ChannelsLastCopy(16, 16, 8, 1).launch(x, y, 2, 20, 3)
+    with pytest.raises(ValueError, match=r"^HW_ALIGN: expected a power of two dividing HW = 20, got 8"):
+        ChannelsLastCopy(16, 16, 1, 8).launch(x, y, 2, 3, 20)
+    assert torch.isnan(y).all()
 
 
 def test_impossible_grid_is_a_clear_error():
@@ -160,7 +170,7 @@ def test_impossible_grid_is_a_clear_error():
     x = torch.empty(2**16, 2**8, 2**8, device="meta")
     y = torch.empty(2**16, 2**8, 2**8, device="meta")
     with pytest.raises(ValueError, match=r"^grid: 4294967296 programs exceed the 2\*\*31 - 1"):
-        ChannelsLastCopy(1, 1).launch(x, y, 2**16, 2**8, 2**8)
+        ChannelsLastCopy(1, 1, 1, 1).launch(x, y, 2**16, 2**8, 2**8)
     assert 2**16 * 2**8 * 2**8 > INT32_MAX
 
 

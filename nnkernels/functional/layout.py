@@ -27,7 +27,7 @@ import torch
 from ..kernel import DTYPE_NAMES
 from ..launcher import Launcher
 from .common import allocator, channels_last_allocator
-from ..ops.common.layout import channels_last_kernel, channels_last_pair_kernel, channels_last_tiles
+from ..ops.common.layout import channels_last_kernel, channels_last_pair_kernel
 from ..ops.conv2d.subsample import Subsample2dBackward, Subsample2dForward, subsample_tiles
 
 
@@ -38,7 +38,7 @@ def _identity(rows, cols) -> bool:
 
 def _transpose_kernels(images, rows, cols, dtype):
     moves = images * rows * cols and not _identity(rows, cols)
-    return [channels_last_kernel(*channels_last_tiles(rows, cols), dtype)] if moves else []
+    return [channels_last_kernel(rows, cols, dtype)] if moves else []
 
 
 def transpose_copy(images, rows, cols, out_shape, dtype, device):
@@ -107,7 +107,7 @@ def channels_last_pair_kernels(x_shape, w_shape, dtype):
     if not _pair_in_one_launch(x_shape, w_shape):
         return channels_last_copy_kernels(x_shape, dtype) + channels_last_copy_kernels(w_shape, dtype)
     (_, c, h, w), (_, c_in, kh, kw) = x_shape, w_shape
-    return [channels_last_pair_kernel(channels_last_tiles(c, h * w), channels_last_tiles(c_in, kh * kw), dtype)]
+    return [channels_last_pair_kernel(c, h * w, c_in, kh * kw, dtype)]
 
 
 def channels_last_pair_copy(x_shape, w_shape, dtype, device):

@@ -37,7 +37,8 @@ def check_grid_3d(axis0, axis1, axis2):
     return (check_grid(axis0)[0], axis1, axis2)
 
 
-def check_channel_alignment(c_align: int, channels: int):
-    """A kernel's C_ALIGN (`host_math.channel_alignment`) must be a power of two dividing its C channels."""
+def check_channel_alignment(c_align: int, channels: int, name: str = "C_ALIGN", count: str = "C"):
+    """A kernel's C_ALIGN (`host_math.channel_alignment`; `name` another such constant) must be a power of two
+    dividing its C channels (`count` the size it is of)."""
     if c_align < 1 or c_align & (c_align - 1) or channels % c_align:
-        raise ValueError(f"C_ALIGN: expected a power of two dividing C = {channels}, got {c_align}")
+        raise ValueError(f"{name}: expected a power of two dividing {count} = {channels}, got {c_align}")

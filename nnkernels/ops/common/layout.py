@@ -13,8 +13,9 @@ import triton
 import triton.language as tl
 
 from ...kernel import INT32_MAX, INTERPRETED, kernel_object
-from .checks import check_grid, check_numel
-from .host_math import cdiv, next_power_of_2, power_of_2_at_most
+from .checks import check_channel_alignment, check_grid, check_numel
+from .host_math import cdiv, channel_alignment, next_power_of_2, power_of_2_at_most
+from .tiles import columns_in, known_multiple
 
 # The interpreter runs programs one by one at a fixed cost each: there a tile may cover this
 # many elements, so that a small problem takes few programs.
@@ -62,14 +63,20 @@ def _check_apart(name_out, t_out, name_other, t_other):
 
 def channels_last_copy_entry(k, a):
     """Grid (B * cdiv(C, BLOCK_C) * cdiv(HW, BLOCK_P),) for `ChannelsLastCopy`."""
+    check_channel_alignment(k.c_align, a.C)
+    check_channel_alignment(k.hw_align, a.HW, "HW_ALIGN", "HW")
     return check_grid(_copy_grid(("x", "y", "B", "C", "HW"), a.x, a.y, a.B, a.C, a.HW, k.block_c, k.block_p))
 
 
 @triton.jit
-def transpose_tile(x, y, tile, C, HW, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
+def transpose_tile(x, y, tile, C, HW, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr, C_ALIGN: tl.constexpr,
+                   HW_ALIGN: tl.constexpr):
     """Tile `tile` of the [B, C, HW] -> [B, HW, C] copy, tile = (b*cdiv(C, BLOCK_C) + tc) * cdiv(HW, BLOCK_P)
     + tp: y[b, p, c] = x[b, c, p] for c in [tc*BLOCK_C, (tc+1)*BLOCK_C) and p in [tp*BLOCK_P, (tp+1)*BLOCK_P)
-    inside C and HW."""
+    inside C and HW. C_ALIGN and HW_ALIGN are powers of two dividing C and HW (`host_math.channel_alignment`)
+    that the compiler is told, so that rows of x (HW long) load and rows of y (C long) store as vectors."""
+    C = known_multiple(C, C_ALIGN)
+    HW = known_multiple(HW, HW_ALIGN)
     num_p_tiles = tl.cdiv(HW, BLOCK_P)
     num_c_tiles = tl.cdiv(C, BLOCK_C)
     p_first = (tile % num_p_tiles) * BLOCK_P
@@ -78,14 +85,15 @@ def transpose_tile(x, y, tile, C, HW, BLOCK_C: tl.constexpr, BLOCK_P: tl.constex
     image = b.to(tl.int64) * C * HW
     c = tl.arange(0, BLOCK_C)
     p = tl.arange(0, BLOCK_P)
-    inside = ((c_first + c) < C)[:, None] & ((p_first + p) < HW)[None, :]
+    inside = columns_in(c_first + c, C, C_ALIGN)[:, None] & columns_in(p_first + p, HW, HW_ALIGN)[None, :]
     # Offsets from the tile's corner stay below C*HW < 2**31 on every lane the mask keeps.
     values = tl.load(x + (image + c_first.to(tl.int64) * HW + p_first) + (c[:, None] * HW + p[None, :]), mask=inside)
     tl.store(y + (image + p_first.to(tl.int64) * C + c_first) + (p[None, :] * C + c[:, None]), values, mask=inside)
 
 
 @triton.jit
-def channels_last_copy(x, y, B, C, HW, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
+def channels_last_copy(x, y, B, C, HW, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr, C_ALIGN: tl.constexpr,
+                       HW_ALIGN: tl.constexpr):
     """Copy [B, C, HW] into [B, HW, C] (NCHW -> NHWC with HW = H*W), a tile transpose.
 
     Grid: (B * cdiv(C, BLOCK_C) * cdiv(HW, BLOCK_P),). Program i, with i = (b*cdiv(C, BLOCK_C) + tc)
@@ -93,17 +101,19 @@ def channels_last_copy(x, y, B, C, HW, BLOCK_C: tl.constexpr, BLOCK_P: tl.conste
     c in [tc*BLOCK_C, (tc+1)*BLOCK_C) and pixels p in [tp*BLOCK_P, (tp+1)*BLOCK_P) and writes
         y[b, p, c] = x[b, c, p]
     for those inside C and HW. x and y contiguous, not overlapping; C*HW < 2**31 (offsets inside
-    one image are i32, image offsets i64). Every element of y is written, once, bit for bit.
+    one image are i32, image offsets i64); C_ALIGN and HW_ALIGN as in `transpose_tile`. Every element of y is
+    written, once, bit for bit.
     """
-    transpose_tile(x, y, tl.program_id(0), C, HW, BLOCK_C, BLOCK_P)
+    transpose_tile(x, y, tl.program_id(0), C, HW, BLOCK_C, BLOCK_P, C_ALIGN, HW_ALIGN)
 
 
-ChannelsLastCopy = kernel_object(channels_last_copy, example=(64, 64), entry=channels_last_copy_entry, num_warps=4,
-                                 helpers=(transpose_tile,))
+ChannelsLastCopy = kernel_object(channels_last_copy, example=(64, 64, 1, 1), entry=channels_last_copy_entry,
+                                 num_warps=4, helpers=(transpose_tile, columns_in, known_multiple))
 
 
 def channels_last_copy_pair_entry(k, a):
     """Grid (the x copy's tiles + the weight copy's tiles,) for `ChannelsLastCopyPair`."""
+    check_channel_alignment(k.hw_align, a.HW, "HW_ALIGN", "HW")
     x_tiles = _copy_grid(("x", "y", "B", "C", "HW"), a.x, a.y, a.B, a.C, a.HW, k.block_c, k.block_p)
     w_tiles = _copy_grid(("w", "w_cl", "C_OUT", "C_IN", "TAPS"), a.w, a.w_cl, a.C_OUT, a.C_IN, a.TAPS, k.w_block_c,
                          k.w_block_p)
@@ -115,7 +125,8 @@ def channels_last_copy_pair_entry(k, a):
 
 @triton.jit
 def channels_last_copy_pair(x, y, B, C, HW, w, w_cl, C_OUT, C_IN, TAPS, BLOCK_C: tl.constexpr,
-                            BLOCK_P: tl.constexpr, W_BLOCK_C: tl.constexpr, W_BLOCK_P: tl.constexpr):
+                            BLOCK_P: tl.constexpr, W_BLOCK_C: tl.constexpr, W_BLOCK_P: tl.constexpr,
+                            HW_ALIGN: tl.constexpr):
     """Two channels-last copies in one launch: x [B, C, HW] into y [B, HW, C] in BLOCK_C x BLOCK_P tiles, and a
     convolution weight w [C_OUT, C_IN, TAPS] into w_cl [C_OUT, TAPS, C_IN] in W_BLOCK_C x W_BLOCK_P tiles.
 
@@ -124,27 +135,33 @@ def channels_last_copy_pair(x, y, B, C, HW, w, w_cl, C_OUT, C_IN, TAPS, BLOCK_C:
     X + j tile j of w. A convolution's forward needs both, and one launch saves a launch's host time and, in
     a CUDA graph, the wait between two kernels. Same contract as `ChannelsLastCopy` for each pair: contiguous,
     not overlapping, fewer than 2**31 elements per image (per weight row); every element of y and w_cl is
-    written, once, bit for bit.
+    written, once, bit for bit. HW_ALIGN as in `transpose_tile` (the pair serves convolutions whose channels are
+    multiples of 16, which the compiler knows already, and whose weights' TAPS are mostly 9).
     """
     pid = tl.program_id(0)
     x_tiles = B * tl.cdiv(C, BLOCK_C) * tl.cdiv(HW, BLOCK_P)
     if pid < x_tiles:
-        transpose_tile(x, y, pid, C, HW, BLOCK_C, BLOCK_P)
+        transpose_tile(x, y, pid, C, HW, BLOCK_C, BLOCK_P, 1, HW_ALIGN)
     else:
-        transpose_tile(w, w_cl, pid - x_tiles, C_IN, TAPS, W_BLOCK_C, W_BLOCK_P)
+        transpose_tile(w, w_cl, pid - x_tiles, C_IN, TAPS, W_BLOCK_C, W_BLOCK_P, 1, 1)
 
 
-ChannelsLastCopyPair = kernel_object(channels_last_copy_pair, example=(64, 64, 256, 16),
-                                     entry=channels_last_copy_pair_entry, num_warps=4, helpers=(transpose_tile,))
-
-
-@functools.lru_cache(maxsize=None)
-def channels_last_kernel(block_c, block_p, dtype):
-    """The `ChannelsLastCopy` instance for these tiles and element type, made once."""
-    return ChannelsLastCopy(block_c, block_p, dtype=dtype)
+ChannelsLastCopyPair = kernel_object(channels_last_copy_pair, example=(64, 64, 256, 16, 1),
+                                     entry=channels_last_copy_pair_entry, num_warps=4,
+                                     helpers=(transpose_tile, columns_in, known_multiple))
 
 
 @functools.lru_cache(maxsize=None)
-def channels_last_pair_kernel(tiles, weight_tiles, dtype):
-    """The `ChannelsLastCopyPair` instance for these tiles (x's, the weight's) and element type, made once."""
-    return ChannelsLastCopyPair(*tiles, *weight_tiles, dtype=dtype)
+def channels_last_kernel(rows, cols, dtype):
+    """The `ChannelsLastCopy` instance of a [rows, cols] -> [cols, rows] copy of this element type (tiles from
+    `channels_last_tiles`, alignments from `channel_alignment`), made once."""
+    alignments = (channel_alignment(rows, dtype.itemsize), channel_alignment(cols, dtype.itemsize))
+    return ChannelsLastCopy(*channels_last_tiles(rows, cols), *alignments, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def channels_last_pair_kernel(c, hw, c_in, taps, dtype):
+    """The `ChannelsLastCopyPair` instance for an x of c channels by hw pixels and a weight of c_in channels by
+    taps, of this element type, made once."""
+    return ChannelsLastCopyPair(*channels_last_tiles(c, hw), *channels_last_tiles(c_in, taps),
+                                channel_alignment(hw, dtype.itemsize), dtype=dtype)

@@ -58,7 +58,7 @@ def conv2d_gemm_cl_forward_entry(k, a):
         width = window_width(a.C_IN, cin_per_group, cout_per_group, k.block_n, k.g)
         check_numel("w", a.w, a.C_OUT * k.kh * k.kw * width, "C_OUT*KH*KW*WIDTH (`Conv2dGroupedWeight`)")
     check_whole_windows(k, a.C_IN, cin_per_group, cout_per_group, k.block_n, k.block_k)
-    check_channel_alignment(k.c_align, math.gcd(cin_per_group, cout_per_group))
+    check_channel_alignment(k.c_align, math.gcd(cin_per_group, cout_per_group), count="gcd(C_IN/G, C_OUT/G)")
     images = check_image_tiles(k)
     check_forward_k_slices(k, a, k.g, k.whole_windows)
     return check_grid_3d(cdiv(a.B, images) * cdiv(a.OH * a.OW, k.block_q),
@@ -232,7 +232,7 @@ def conv2d_gemm_cl_dw_entry(k, a):
     if k.tap_span > 1 and window != channels_per_tap:
         raise ValueError(f"block_n: expected tap_span * {window} (a tile spanning taps holds all the input channels "
                          f"of its output channels), got {k.block_n}")
-    check_channel_alignment(k.c_align, math.gcd(cin_per_group, cout_per_group))
+    check_channel_alignment(k.c_align, math.gcd(cin_per_group, cout_per_group), count="gcd(C_IN/G, C_OUT/G)")
     if a.SPLIT > a.B * a.OH * a.OW:
         raise ValueError(f"SPLIT: expected at most B*OH*OW = {a.B * a.OH * a.OW} slices, got {a.SPLIT}")
     check_whole_windows(k, a.C_IN, cin_per_group, cout_per_group, k.block_m, channels_per_tap)

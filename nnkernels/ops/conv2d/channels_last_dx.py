@@ -34,7 +34,7 @@ def conv2d_gemm_cl_dx_entry(k, a):
     for `Conv2dGemmClDx`."""
     cin_per_group, cout_per_group = check_conv_launch(k, a, k.g)
     images = check_image_tiles(k)
-    check_channel_alignment(k.c_align, math.gcd(cin_per_group, cout_per_group))
+    check_channel_alignment(k.c_align, math.gcd(cin_per_group, cout_per_group), count="gcd(C_IN/G, C_OUT/G)")
     width = window_width(a.C_OUT, cout_per_group, cin_per_group, k.block_n, k.g)
     check_whole_windows(k, a.C_OUT, cout_per_group, cin_per_group, k.block_n, k.block_k)
     check_numel("w_t", a.w_t, k.kh * k.kw * a.C_IN * width, "KH*KW*C_IN*WIDTH")
