@@ -110,9 +110,8 @@ def _channels_last_first(listed):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("case", CASES[:3])
 def test_conv2d_reads_and_writes_channels_last_depthwise_in_place(case, dtype, monkeypatch):
-    """The channels-last kernels chosen (on a GPU tuning may time the NCHW ones faster, and ranks them first on
-    5x5 windows): no layout copy either way; y and dx channels-last as torch gives them; `kernels_for` names the
-    launches."""
+    """The channels-last kernels chosen (on a GPU tuning may time the NCHW ones faster): no layout copy either
+    way; y and dx channels-last as torch gives them; `kernels_for` names the launches."""
     force_choice(monkeypatch, _channels_last_first)
     monkeypatch.setattr(tuning, "peek", lambda kind, key, candidates, decode: _channels_last_first(candidates))
     B, C, H, W, KH, KW, stride, pad, dil, has_bias = case
@@ -158,15 +157,16 @@ def test_tuning_times_the_channels_last_kernels_against_the_nchw_ones_through_co
     assert_conv2d_matches_float64(y, grads, (x, w), dy, ((1, 1), (1, 1), (1, 1), 16), torch.float32)
 
 
-def test_on_a_gpu_windows_of_more_than_nine_taps_rank_the_nchw_kernels_first():
-    """5x5 windows: the NCHW kernels first, the channels-last ones still offered; 3x3: the channels-last first."""
+def test_on_a_gpu_quick_tuning_times_both_kinds_of_depthwise_kernel():
+    """3x3 and 5x5 windows alike: the channels-last kernels first, the NCHW ones second, so the three candidates
+    quick tuning times hold both (on an H100 the 5x5 channels-last forward won at stride 2, its dx and dw lost)."""
+    from nnkernels import tuning
     from nnkernels.functional.conv_algorithms import dw_pass, dx_pass, forward_pass
     from nnkernels.functional.conv_problem import Problem
 
-    for k, first in ((5, "depthwise_"), (3, "depthwise_cl_")):
+    for k in (3, 5):
         p = Problem((32, 72, 56, 56), (72, 1, k, k), (2, 2), (k // 2, k // 2), (1, 1), 72, torch.bfloat16, False,
                     GPU, nhwc=True)
         for pass_ in (forward_pass(p), dx_pass(p), dw_pass(p)):
-            algorithms = [choice.algorithm for choice in pass_.candidates()]
-            assert algorithms[0].startswith(first) and ("_cl_" in algorithms[0]) == (k == 3), (k, algorithms)
-            assert any("_cl_" in a for a in algorithms) and any("_cl_" not in a for a in algorithms)
+            timed = [choice.algorithm for choice in pass_.candidates()[:tuning.QUICK_CANDIDATES]]
+            assert "_cl_" in timed[0] and "_cl_" not in timed[1], (k, timed)

@@ -12,8 +12,6 @@ from .base import Algorithm, make_kernel, register
 from .partials import reduce_kernel, split_weight_gradient
 
 MOST_DW_SPLIT = 1024  # most fp32 partial rows of dw (each C*(KH*KW+1) floats)
-# Taps of a window above which, on a GPU, these kernels rank after the NCHW ones (`ranks`).
-MOST_TAPS_FIRST = 9
 
 
 def _stored(t):
@@ -32,13 +30,6 @@ class _DepthwiseChannelsLast(Algorithm):
 
     def candidates(self, p):
         return nhwc_tiles(self.pixels(p), p.C_IN, p.machine)
-
-    def ranks(self, p, count):
-        """First, but after the NCHW depthwise kernels on a GPU where a window holds more than MOST_TAPS_FIRST
-        taps: these unroll every tap of a [BLOCK_P, BLOCK_C] tile, and on 5x5 windows their best tile ran 1.8x to
-        11x slower than the NCHW kernels behind layout copies (H100, 2026-12-06; on 3x3 windows they were faster)."""
-        later = 1000 if p.machine.gpu and p.KH * p.KW > MOST_TAPS_FIRST else 0
-        return [later + index for index in range(count)]
 
     def kernels(self, p, tile):
         flags = (p.has_bias,) if self.takes_bias else ()
