@@ -1,8 +1,9 @@
 """Implicit GEMMs on channels-last tensors (`ops/conv2d/channels_last*.py`): one-group convolutions whose channel
-counts are multiples of 16, so that the K slices are whole 16-channel runs loaded as vectors. The forward copies
-x and the weight (one launch) and may split K; dx reads a channels-last dy (stride-1 dx runs as a forward, see
-`Problem.dx_forward`); dw reads dy and x channels-last. Of a channels-last problem (`Problem.nhwc`) they read x
-and dy as they are stored and write y and dx channels-last: only the weight is copied.
+counts are multiples of 16, so that the K slices are whole 16-channel runs loaded as vectors, or of a channels-last
+problem other counts of 8 or more (the last slice of a tap masked, still loaded as vectors: `gemm_alignment`). The
+forward copies x and the weight (one launch) and may split K; dx reads a channels-last dy (stride-1 dx runs as a
+forward, see `Problem.dx_forward`); dw reads dy and x channels-last. Of a channels-last problem (`Problem.nhwc`)
+they read x and dy as they are stored and write y and dx channels-last: only the weight is copied.
 
 The forward's candidates meet those of the TMA boxes and Winograd in one tier, and of a 1x1 layer the NCHW
 pointwise products' too (each pass); `ranks` places each.
