@@ -285,10 +285,10 @@ def check_whole_windows(k, c_in, in_per_group, out_per_group, block, block_k):
 
 @triton.jit
 def window_start(first, WHOLE_WINDOWS: tl.constexpr, STEP: tl.constexpr):
-    """`first` (a multiple of STEP when WHOLE_WINDOWS), then written so that the compiler sees it is one: rounded
-    down to a multiple of STEP (a no-op; `tl.multiple_of` on a helper's argument is lost when it is inlined)."""
+    """`first` (a multiple of STEP when WHOLE_WINDOWS), then written so that the compiler sees it is one
+    (`known_multiple`; `tl.multiple_of` on a helper's argument is lost when it is inlined)."""
     if WHOLE_WINDOWS:
-        first = (first // STEP) * STEP
+        first = known_multiple(first, STEP)
     return first
 
 

@@ -1,13 +1,13 @@
 """Depthwise 2-D convolution (groups == C_IN == C_OUT) on channels-last tensors, direct: forward, dx and dw.
 
-x, y, dy and dx are NHWC arrays ([B, H, W, C], a channels-last tensor's storage); the weight is [C, 1, KH, KW]
-as torch stores it. A program takes BLOCK_P pixels (b, row, column, numbered in that order) by BLOCK_C
-channels: every load and store is BLOCK_C consecutive channels of a pixel, so a channel block reads whole
-runs of memory with no layout copy, as vectors where C_ALIGN (a power of two dividing C, at most 16 bytes of
-channels: `host_math.channel_alignment`) says each pixel's channels start on an aligned address. The kernel rows are a loop
-the compiler keeps, the taps of a row unrolled: every tap of a 5x5 window unrolled spilled registers. dx gathers
-(no atomics); dw is split over pixel blocks into the fp32 partial rows `Conv2dDwReduce` adds in a fixed order, so
-both are bitwise reproducible."""
+x, y, dy and dx are NHWC arrays ([B, H, W, C], a channels-last tensor's storage); the weight is [C, 1, KH, KW] as
+torch stores it. A program takes BLOCK_P pixels (b, row, column, numbered in that order) by BLOCK_C channels: every
+load and store is BLOCK_C consecutive channels of a pixel, so a channel block reads whole runs of memory with no
+layout copy, as vectors where C_ALIGN (a power of two dividing C, at most 16 bytes of channels:
+`host_math.channel_alignment`) says each pixel's channels start on an aligned address. The kernel rows are a loop
+the compiler keeps, the taps of a row unrolled: every tap of a 5x5 window unrolled spilled registers. dx gathers (no
+atomics); dw is split over pixel blocks into the fp32 partial rows `Conv2dDwReduce` adds in a fixed order, so both
+are bitwise reproducible."""
 import torch
 import triton
 import triton.language as tl
