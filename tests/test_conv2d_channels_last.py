@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from nnkernels.functional.common import last_kernels
 from nnkernels.functional.conv import conv2d, kernels_for
-from support import DEVICE, DTYPES, assert_conv2d_matches_float64, dtype_id, randn
+from support import DEVICE, DTYPES, assert_close, assert_conv2d_matches_float64, dtype_id, randn
 
 CL = torch.channels_last
 
@@ -189,3 +189,31 @@ def test_channels_last_outputs_may_be_modified_in_place():
         grad = torch.autograd.grad(out, x, dy)[0]
         expected = torch.autograd.grad(torch.relu(op(x)), x, dy)[0]
         assert torch.equal(grad, expected)
+
+
+@pytest.mark.parametrize("c_in, c_out", [(32, 48), (24, 40)], ids=["channels-in-16s", "channels-in-8s"])
+def test_a_1x1_layer_is_tiled_as_one_row_of_all_its_pixels(c_in, c_out, gpu_lists, poisoned_outputs):
+    """A channels-last stride-1 1x1 layer of three 7x7 images: the channels-last and TMA kernels take its 147 pixels
+    as one image of one row (no tile stops at an image's edge); every candidate of the forward, dx and dw on the
+    GPU's lists gives the float64 result, every element written."""
+    from nnkernels.functional.conv import _listed_problem, choice_calls
+
+    x = randn(3, c_in, 7, 7, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    w = randn(c_out, c_in, 1, 1, dtype=torch.bfloat16)
+    dy = randn(3, c_out, 7, 7, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    p = _listed_problem(x.shape, w.shape, 1, 0, 1, 1, x.dtype, True, True, False)
+    assert p.flat_pixels and p.grid_sizes == (1, c_in, c_out, 1, 147, 1, 147)
+    ref_x, ref_w = (t.detach().double().cpu().requires_grad_() for t in (x, w))
+    ref_y = F.conv2d(ref_x, ref_w)
+    ref_dx, ref_dw = torch.autograd.grad(ref_y, (ref_x, ref_w), dy.double().cpu())
+    dy64 = dy.double().cpu()
+    # (reference, the scale of its terms): a bias gradient sums 147 terms that can cancel
+    expected = {"forward": [(ref_y, 0.0)], "dx": [(ref_dx, 0.0)],
+                "dw": [(ref_dw, 0.0), (dy64.sum((0, 2, 3)), float(dy64.abs().sum((0, 2, 3)).norm()))]}
+    ran = []
+    for name, choice, call in choice_calls(x, w, bias=True, dy=dy):
+        out = call()
+        for got, (ref, floor) in zip(out if name == "dw" else (out,), expected[name], strict=True):
+            assert_close(got.cpu(), ref.detach(), torch.bfloat16, floor=floor)
+        ran.append(name)
+    assert {"forward", "dx", "dw"} == set(ran) and len(ran) > 6, ran

@@ -598,18 +598,19 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
         call()
 
 
-def choice_calls(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, choices=None):
+def choice_calls(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, choices=None,
+                 dy=None):
     """[(pass, choice, call)]: per pass ("forward", then "dx" and "dw" with `backward`) each of `choices(pass_)`
     (default: every candidate), `call()` running that choice's runner once, as `conv2d` would for this call, on
-    x, the weight and an uninitialised dy (outputs new each call). What `precompile` compiles and what a tool times
-    candidate by candidate."""
+    x, the weight (and a zero bias, with `bias`) and dy (uninitialised unless given), returning y, dx or (dw, dbias),
+    new each call. What `precompile` compiles and what a tool times candidate by candidate."""
     p = _listed_problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype, bias,
                         channels_last_output(x, weight), _is_channels_last(weight))
     p.device = x.device
     x = _ready_channels_last(x) if p.nhwc else _ready(x)
     forward_weight, weight = (aligned(weight) if p.w_nhwc else _ready(weight)), _ready(weight)  # dx reads it NCHW
     bias_arg = torch.zeros(p.C_OUT, dtype=x.dtype, device=x.device) if bias else None
-    dy = _empty(p.y_shape, x, p.nhwc)
+    dy = _empty(p.y_shape, x, p.nhwc) if dy is None else (_ready_channels_last(dy) if p.nhwc else _ready(dy))
     choices = choices or (lambda pass_: pass_.candidates())
     forward = forward_pass(p)
     calls = [("forward", choice, functools.partial(forward.runner(choice), x, forward_weight, bias_arg))

@@ -115,15 +115,36 @@ class Problem:
         # channels-last problem's dx is NHWC whatever its stride.
         self.dx_nhwc = self.dx_channels_last and (nhwc or (self.stride != (1, 1)
                                                           and self.C_IN % CHANNELS_LAST_MULTIPLE == 0))
+        # A channels-last stride-1 1x1 layer is one product over the rows of [B*H*W, C] matrices: its channels-last
+        # kernels take all its pixels as one image of one row (`pixel_grid`), so that no tile stops short at an
+        # image's edge (a 7x7 plane fills 49 of a 64-pixel tile, a 14x14 one 196 of 256), where the whole tensor
+        # indexes in int32 as one image must.
+        self.flat_pixels = (nhwc and self.pointwise and self.stride == (1, 1)
+                            and self.B * self.H * self.W * max(self.C_IN, self.C_OUT) < 2**31)
         self.flip_taps = flip_taps  # the weight's taps stored in reverse (`dx_forward`'s problems)
         # dx pixels of one stride phase of one image (the gather-form dx kernels' unit of work)
         self.pixels_per_phase = -(-self.H // self.stride[0]) * -(-self.W // self.stride[1])
         self.key = (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.geometry, groups, str(dtype), self.tf32,
-                    has_bias, self.winograd) + (("nhwc",) if nhwc else ())
+                    has_bias, self.winograd) + (("nhwc",) if nhwc else ()) + (("flat",) if self.flat_pixels else ())
 
     @property
     def sizes(self):
         return (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.OH, self.OW)
+
+    @property
+    def pixel_grid(self):
+        """(B, H, W, OH, OW) as the channels-last and TMA kernels take the pixels: of a `flat_pixels` problem one
+        image of one row of all B*H*W of them."""
+        if self.flat_pixels:
+            pixels = self.B * self.H * self.W
+            return 1, 1, pixels, 1, pixels
+        return self.B, self.H, self.W, self.OH, self.OW
+
+    @property
+    def grid_sizes(self):
+        """`sizes` over `pixel_grid`: the size arguments of the channels-last and TMA kernels."""
+        b, h, w, oh, ow = self.pixel_grid
+        return (b, self.C_IN, self.C_OUT, h, w, oh, ow)
 
     @property
     def launch_sizes(self):

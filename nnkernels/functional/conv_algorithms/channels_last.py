@@ -177,7 +177,7 @@ def forward_runner(p, kernels, split, tile_n: int = 0):
     convolution's own. Of a channels-last problem y is channels-last, and of one whose weight is too (`w_nhwc`)
     the weight is taken channels-last."""
     conv, *rest = (Launcher(k) for k in kernels[len(forward_copies(p, tile_n)):])
-    shape, dtype, sizes, device, c_out = p.y_shape, p.dtype, p.sizes, p.device, p.C_OUT
+    shape, dtype, sizes, device, c_out = p.y_shape, p.dtype, p.grid_sizes, p.device, p.C_OUT
     numel = p.B * p.C_OUT * p.OH * p.OW
     # y channels-last: NCHW sizes over the NHWC array the kernel writes (Y_NHWC)
     new = channels_last_allocator(dtype, device) if p.nhwc else allocator(dtype, device)
@@ -247,10 +247,12 @@ class ClForward(Algorithm):
         if p.grouped:
             return grouped_candidates(p.B, p.OH * p.OW, p.C_OUT // p.groups, p.cin_per_group, p.groups, p.dtype,
                                       p.machine)
-        return channels_last_candidates(p.B, p.OH * p.OW, p.C_OUT, p.C_IN, p.dtype, p.machine, taps=p.KH * p.KW)
+        batch, _, _, oh, ow = p.pixel_grid
+        return channels_last_candidates(batch, oh * ow, p.C_OUT, p.C_IN, p.dtype, p.machine, taps=p.KH * p.KW)
 
     def kernels(self, p, config):
-        block_q = image_tile(config.block_m, p.OH * p.OW, config.image_pixels)
+        _, _, _, oh, ow = p.pixel_grid
+        block_q = image_tile(config.block_m, oh * ow, config.image_pixels)
         whole = whole_windows(p.C_IN, p.cin_per_group, p.C_OUT // p.groups, config.block_n, p.groups, config.block_k)
         constants = p.geometry + (p.groups, whole, p.has_bias, p.tf32, p.flip_taps, p.nhwc, config.block_m,
                                   config.block_n, config.block_k, block_q, config.split, gemm_alignment(p))
@@ -276,10 +278,10 @@ class ClDx(Algorithm):
         if p.grouped:
             return grouped_candidates(p.B, p.pixels_per_phase, p.cin_per_group, p.C_OUT // p.groups, p.groups,
                                       p.dtype, p.machine)
-        return channels_last_candidates(p.B, p.pixels_per_phase, p.C_IN, p.C_OUT, p.dtype, p.machine)
+        return channels_last_candidates(*_dx_pixels(p), p.C_IN, p.C_OUT, p.dtype, p.machine)
 
     def _product(self, p, config):
-        block_q = image_tile(config.block_m, p.pixels_per_phase)
+        block_q = image_tile(config.block_m, _dx_pixels(p)[1])
         whole = whole_windows(p.C_OUT, p.C_OUT // p.groups, p.cin_per_group, config.block_n, p.groups, config.block_k)
         constants = p.geometry + (p.groups, whole, p.tf32, p.dx_nhwc, config.block_m, config.block_n, config.block_k,
                                   block_q, gemm_alignment(p))
@@ -302,7 +304,7 @@ class ClDx(Algorithm):
             written_shape = nhwc if p.dx_nhwc else p.x_shape
             laid_out = channels_first_copy(nhwc, p.dtype, p.device) if p.dx_nhwc else _same
             new, stored = allocator(p.dtype, p.device), _same
-        sizes = p.sizes
+        sizes = p.grid_sizes
         transposed = expanded_weight(p, config.block_n, dx=True) if p.grouped else _dx_weight
 
         def run(dy, weight, dy_cl):
@@ -312,6 +314,11 @@ class ClDx(Algorithm):
             return laid_out(written)
 
         return run
+
+
+def _dx_pixels(p) -> tuple[int, int]:
+    """(images, pixels of one stride phase of one) of the channels-last dx's launch (`Problem.pixel_grid`)."""
+    return (1, p.B * p.H * p.W) if p.flat_pixels else (p.B, p.pixels_per_phase)
 
 
 def _dx_weight(weight):
@@ -347,7 +354,7 @@ class ClDw(Algorithm):
 
     def runner(self, p, config):
         product, reduce = (Launcher(k) for k in self.kernels(p, config)[-2:])
-        return split_weight_gradient(p, config.split, product, reduce, p.sizes, channels_last_operands(p))
+        return split_weight_gradient(p, config.split, product, reduce, p.grid_sizes, channels_last_operands(p))
 
 
 def channels_last_operands(p):

@@ -87,7 +87,8 @@ class TmaForward(Algorithm):
         return p.forward_channels_last and tma_boxes_fit(p)
 
     def candidates(self, p):
-        return tma_forward_candidates(p.B, (p.OH, p.OW), p.C_OUT, p.C_IN, p.dtype, p.KH * p.KW, p.machine)
+        batch, _, _, oh, ow = p.pixel_grid
+        return tma_forward_candidates(batch, (oh, ow), p.C_OUT, p.C_IN, p.dtype, p.KH * p.KW, p.machine)
 
     def ranks(self, p, count):
         """First on planes of at most TMA_FORWARD_FIRST_PIXELS pixels, where boxes were faster; last on larger."""
@@ -95,7 +96,7 @@ class TmaForward(Algorithm):
         return [first + index / 1000 for index in range(count)]
 
     def kernels(self, p, config):
-        box = tma_forward_box(config.block_m, p.OH, p.OW)
+        box = tma_forward_box(config.block_m, *p.pixel_grid[3:])
         constants = p.geometry + (p.has_bias, p.tf32, p.flip_taps, p.nhwc, *box, config.block_n, config.block_k,
                                   config.split)
         kernels = forward_copies(p) + [make_kernel(Conv2dTmaForward, constants, p, config)]
@@ -113,17 +114,18 @@ class TmaDw(Algorithm):
         return tma_boxes_fit(p)
 
     def candidates(self, p):
-        return tma_dw_candidates(p.C_OUT, p.C_IN, p.KH, p.KW, p.B, p.OH, p.OW, p.dtype, p.machine)
+        batch, _, _, oh, ow = p.pixel_grid
+        return tma_dw_candidates(p.C_OUT, p.C_IN, p.KH, p.KW, batch, oh, ow, p.dtype, p.machine)
 
     def kernels(self, p, config):
-        box = tma_box(p.OH, p.OW, config.block_k)
+        box = tma_box(*p.pixel_grid[3:], config.block_k)
         constants = p.geometry + (p.has_bias, p.tf32, config.taps, config.block_m, config.block_n) + box
         return channels_last_operand_copies(p) + [make_kernel(Conv2dTmaDw, constants, p, config),
                                                   reduce_kernel(p, p.has_bias, p.KH * p.KW)]
 
     def runner(self, p, config):
         product, reduce = (Launcher(k) for k in self.kernels(p, config)[-2:])
-        return split_weight_gradient(p, config.split, product, reduce, p.sizes, channels_last_operands(p))
+        return split_weight_gradient(p, config.split, product, reduce, p.grid_sizes, channels_last_operands(p))
 
 
 FORWARD = register(TmaForward())
