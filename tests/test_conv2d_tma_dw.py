@@ -14,23 +14,28 @@ from nnkernels.ops.conv2d.partials import Conv2dDwReduce, dw_partial_size
 from nnkernels.ops.conv2d.tma_dw import Conv2dTmaDw
 from support import BF16X3_TOLERANCE, DEVICE, DTYPES, GPU, assert_close, dtype_id, poisoned, randn
 
-# (B, C_IN, C_OUT, H, W, KH, KW, pad, dilation, bias)
+# (B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dilation, bias)
 CASES = [
-    pytest.param((2, 16, 24, 7, 6, 3, 3, (1, 1), (1, 1), True), id="3x3-pad1-bias"),
-    pytest.param((1, 16, 16, 9, 5, 3, 2, (2, 0), (2, 1), False), id="rect-dilated-unpadded-columns"),
-    pytest.param((3, 32, 16, 5, 11, 1, 1, (0, 0), (1, 1), True), id="1x1"),
+    pytest.param((2, 16, 24, 7, 6, 3, 3, (1, 1), (1, 1), (1, 1), True), id="3x3-pad1-bias"),
+    pytest.param((1, 16, 16, 9, 5, 3, 2, (1, 1), (2, 0), (2, 1), False), id="rect-dilated-unpadded-columns"),
+    pytest.param((3, 32, 16, 5, 11, 1, 1, (1, 1), (0, 0), (1, 1), True), id="1x1"),
     # Kernel rows 0 and 2 meet only padding (2 input rows, padding 2, dilation 2): empty tap windows.
-    pytest.param((2, 16, 16, 2, 3, 3, 3, (2, 2), (2, 2), False), id="taps-on-padding-only"),
+    pytest.param((2, 16, 16, 2, 3, 3, 3, (1, 1), (2, 2), (2, 2), False), id="taps-on-padding-only"),
+    # Odd planes: the last row and column of x belong to some taps' windows only.
+    pytest.param((2, 16, 24, 7, 9, 3, 3, (2, 2), (1, 1), (1, 1), True), id="3x3-stride2-odd-planes"),
+    pytest.param((2, 32, 16, 8, 7, 1, 1, (2, 2), (0, 0), (1, 1), False), id="1x1-stride2"),
+    pytest.param((1, 16, 16, 11, 10, 3, 3, (2, 3), (1, 2), (2, 1), True), id="strides-2-3-dilated"),
 ]
 
 
 def _tma_dw(case, dtype, row_taps, split, box=(4, 4), blocks=(16, 16), tf32=False):
     """(dw, dbias) from Conv2dTmaDw + the tap-major reduce, and torch's float64 (dw, dbias)."""
-    B, C_IN, C_OUT, H, W, KH, KW, pad, dil, has_bias = case
-    OH, OW = H + 2 * pad[0] - dil[0] * (KH - 1), W + 2 * pad[1] - dil[1] * (KW - 1)
+    B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dil, has_bias = case
+    OH, OW = ((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
+              zip((H, W), (KH, KW), stride, pad, dil))
     x, dy = randn(B, C_IN, H, W, dtype=dtype), randn(B, C_OUT, OH, OW, dtype=dtype)
     partial = poisoned(split, dw_partial_size(C_OUT, C_IN, KH, KW, has_bias))
-    kernel = Conv2dTmaDw(KH, KW, 1, 1, *pad, *dil, has_bias, tf32, row_taps, *blocks, *box, dtype=dtype)
+    kernel = Conv2dTmaDw(KH, KW, *stride, *pad, *dil, has_bias, tf32, row_taps, *blocks, *box, dtype=dtype)
     kernel.launch(dy.permute(0, 2, 3, 1).contiguous(), x.permute(0, 2, 3, 1).contiguous(), partial,
                   B, C_IN, C_OUT, H, W, OH, OW, split)
     dw, dbias = poisoned(C_OUT, C_IN, KH, KW, dtype=dtype), poisoned(C_OUT, dtype=dtype)
@@ -39,7 +44,7 @@ def _tma_dw(case, dtype, row_taps, split, box=(4, 4), blocks=(16, 16), tf32=Fals
     x64 = x.double().cpu().requires_grad_()
     w64 = torch.zeros(C_OUT, C_IN, KH, KW, dtype=torch.float64, requires_grad=True)
     b64 = torch.zeros(C_OUT, dtype=torch.float64, requires_grad=True)
-    torch.nn.functional.conv2d(x64, w64, b64, 1, pad, dil).backward(dy.double().cpu())
+    torch.nn.functional.conv2d(x64, w64, b64, stride, pad, dil).backward(dy.double().cpu())
     return (dw, dbias if has_bias else None), (w64.grad, b64.grad if has_bias else None)
 
 
@@ -103,7 +108,6 @@ def _launch_args(C, split, B=1, H=4, W=4):
 
 
 @pytest.mark.parametrize("constants, args, match", [
-    ((3, 3, 2, 1, 1, 1, 1, 1, False, False, 1, 16, 16, 4, 4), {}, "stride: expected"),
     ((3, 3, 1, 1, 1, 1, 1, 1, False, False, 2, 16, 16, 4, 4), {}, "row_taps: expected a divisor of KW"),
     ((3, 3, 1, 1, 1, 1, 1, 1, False, False, 1, 16, 16, 4, 4), {"C": 6}, "C_IN: expected a multiple of 4"),
     ((3, 3, 1, 1, 1, 1, 1, 1, False, False, 1, 16, 16, 4, 4), {"split": 2}, r"SPLIT: expected at most .* = 1 slices"),

@@ -25,7 +25,7 @@ from .through_nchw import copy_kernels, through_nchw
 FORWARD = [(depthwise_cl.FORWARD, depthwise.FORWARD),
            (pointwise.FORWARD, channels_last.FORWARD, tma.FORWARD, winograd.FORWARD), (rows.FORWARD,),
            (implicit_gemm.FORWARD,)]
-DX = [(depthwise_cl.DX, depthwise.DX), (pointwise.DX, channels_last.DX), (unfolded.DX,), (channels_last.DX,),
+DX = [(depthwise_cl.DX, depthwise.DX), (pointwise.DX, channels_last.DX, tma.DX), (unfolded.DX,), (channels_last.DX,),
       (implicit_gemm.DX,)]
 DW = [(depthwise_cl.DW, depthwise.DW), (unfolded.DW, winograd.DW), (pointwise.DW, tma.DW, channels_last.DW),
       (implicit_gemm.DW,)]

@@ -325,9 +325,16 @@ def _dx_weight(weight):
     return weight.permute(2, 3, 1, 0).contiguous()  # [KH, KW, C_IN, C_OUT], `Conv2dGemmClDx`'s w_t: tiny
 
 
+def tma_rows_fit(p) -> bool:
+    """Whether p's channels make rows of TMA boxes (`tma.py`): one group in 16-channel runs, on a GPU with a TMA
+    unit. The TMA dx and dw run any stride; the forward one dividing the planes (`tma_boxes_fit`)."""
+    return p.whole_channel_runs and p.machine.tma
+
+
 def tma_boxes_fit(p) -> bool:
-    """Whether the TMA kernels (`tma.py`) run p: one group in 16-channel runs, stride 1, a GPU with a TMA unit."""
-    return p.whole_channel_runs and p.stride == (1, 1) and p.machine.tma
+    """Whether the TMA forward runs p: `tma_rows_fit`, and a stride that divides x's rows and columns, so that x
+    viewed by stride phases is a dense array."""
+    return tma_rows_fit(p) and p.H % p.stride[0] == 0 and p.W % p.stride[1] == 0
 
 
 class ClDw(Algorithm):
@@ -335,7 +342,7 @@ class ClDw(Algorithm):
     channels_last_input = True
 
     def applies(self, p):
-        return p.dw_channels_last and not tma_boxes_fit(p)  # there the TMA dw, faster where both ran
+        return p.dw_channels_last and not tma_rows_fit(p)  # there the TMA dw, faster where both ran
 
     def candidates(self, p):
         if p.grouped:

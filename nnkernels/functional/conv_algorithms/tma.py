@@ -1,15 +1,17 @@
-"""Channels-last stride-1 convolutions whose tiles are TMA boxes (`ops/conv2d/tma_*.py`; compute capability 9.0
-and up, and the interpreter): the forward, first on small planes, and dw, which writes tap-major partials."""
+"""Channels-last convolutions whose tiles are TMA boxes (`ops/conv2d/tma_*.py`; compute capability 9.0 and up, and
+the interpreter): the forward (strides that divide the planes), first on small planes, a strided layer's dx (a
+stride-1 dx runs as a forward), and dw of any stride, which writes tap-major partials."""
 from __future__ import annotations
 
 import torch
 
 from ...launcher import Launcher
 from ...ops.conv2d.tma_dw import Conv2dTmaDw
+from ...ops.conv2d.tma_dx import Conv2dTmaDx
 from ...ops.conv2d.tma_forward import Conv2dTmaForward
 from .base import Algorithm, GemmConfig, clamp_pow2, make_kernel, pow2_at_least, pow2_dividing, register
-from .channels_last import (TMA_FORWARD_FIRST_PIXELS, channels_last_operand_copies, channels_last_operands, forward_copies,
-                            forward_runner, split_k, tma_boxes_fit)
+from .channels_last import (TMA_FORWARD_FIRST_PIXELS, ClDx, channels_last_operand_copies, channels_last_operands,
+                            forward_copies, forward_runner, split_k, tma_boxes_fit, tma_rows_fit)
 from .partials import reduce_kernel, split_sum_kernel, split_weight_gradient
 
 
@@ -52,6 +54,18 @@ def tma_forward_candidates(batch: int, plane: tuple[int, int], n: int, c_in: int
         programs = -(-batch // box_b) * -(-plane[0] // box_h) * -(-plane[1] // box_w) * -(-n // block_n)
         found += split_k(config, programs, taps * c_in, machine)
     return found
+
+
+def tma_dx_candidates(c_in: int, c_out: int, dtype, machine) -> list[GemmConfig]:
+    """Configs of `Conv2dTmaDx`: boxes of 64 phase pixels by BLOCK_N = 128 channels c_in (or C_IN's power of two)
+    on one warpgroup, 4 then 3 pipeline stages, then 128-pixel boxes on two; K slices of 128 bytes dividing
+    C_OUT. The interpreter takes one box set over many images."""
+    block_n = clamp_pow2(c_in, 16, 128)
+    block_k = min(64 if dtype != torch.float32 else 32, pow2_dividing(c_out))
+    if not machine.gpu:
+        return [GemmConfig(4096, block_n, block_k, 4, 1)]
+    return [GemmConfig(64, block_n, block_k, 4, 4), GemmConfig(64, block_n, block_k, 4, 3),
+            GemmConfig(128, block_n, block_k, 8, 3)]
 
 
 def tma_dw_candidates(c_out: int, c_in: int, kh: int, kw: int, batch: int, rows: int, cols: int, dtype,
@@ -106,12 +120,33 @@ class TmaForward(Algorithm):
         return forward_runner(p, self.kernels(p, config), config.split)
 
 
+class TmaDx(ClDx):
+    """`ClDx` with its tiles copied as TMA boxes: a strided layer's dx (channels-last, `Problem.dx_nhwc`)."""
+
+    name = "tma_dx"
+
+    def applies(self, p):
+        return tma_rows_fit(p) and p.dx_nhwc and p.stride != (1, 1)
+
+    def candidates(self, p):
+        return tma_dx_candidates(p.C_IN, p.C_OUT, p.dtype, p.machine)
+
+    def ranks(self, p, count):
+        """Each before the channels-last dx's candidate of its index (quick tuning times the first of each)."""
+        return [index - 0.5 for index in range(count)]
+
+    def _product(self, p, config):
+        box = tma_forward_box(config.block_m, -(-p.H // p.stride[0]), -(-p.W // p.stride[1]))
+        constants = p.geometry + (p.tf32, *box, config.block_n, config.block_k)
+        return make_kernel(Conv2dTmaDx, constants, p, config)
+
+
 class TmaDw(Algorithm):
     name = "tma_dw"
     channels_last_input = True
 
     def applies(self, p):
-        return tma_boxes_fit(p)
+        return tma_rows_fit(p)
 
     def candidates(self, p):
         batch, _, _, oh, ow = p.pixel_grid
@@ -129,4 +164,5 @@ class TmaDw(Algorithm):
 
 
 FORWARD = register(TmaForward())
+DX = register(TmaDx())
 DW = register(TmaDw())

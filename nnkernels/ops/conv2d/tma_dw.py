@@ -6,7 +6,8 @@ cuDNN's weight gradient took 18 to 26. Here every tile is one box of a 4-D tenso
 [1 image, BOX_H rows, BOX_W columns, channels], copied by the TMA unit: no per-element address
 arithmetic, and the copy itself fills with zeros whatever lies outside the tensor, which for x
 is exactly the convolution's zero padding (a box starting at row -1 reads zeros there) and for
-dy the ragged edge of the last box. So no masks either. Stride 1 only (a box is a dense window).
+dy the ragged edge of the last box. So no masks either. A strided layer's x boxes are boxes of a strided
+view of x (a descriptor whose row and column strides are STRIDE_H rows and STRIDE_W pixels), one per tap.
 """
 import torch
 import triton
@@ -25,8 +26,6 @@ from ..common.tma import check_tma_rows
 
 def conv2d_tma_dw_entry(k, a):
     """Grid (c_out tiles * tap groups * c_in tiles, SPLIT, 1) for `Conv2dTmaDw`."""
-    if (k.stride_h, k.stride_w) != (1, 1):
-        raise ValueError(f"stride: expected (1, 1) (a TMA box is a dense window), got {(k.stride_h, k.stride_w)}")
     for name, box in (("box_h", k.box_h), ("box_w", k.box_w)):
         if box & (box - 1):
             raise ValueError(f"{name}: expected a power of two, got {box}")
@@ -46,12 +45,17 @@ def conv2d_tma_dw_entry(k, a):
 
 
 @triton.jit
-def _tap_window(shift, out_size, in_size, BOX: tl.constexpr):
-    """(first, count): the output positions o in [first, first + count) whose input o + shift lies in
-    [0, in_size). A tap that meets only padding gets a window past every box (first = out_size + BOX,
+def _tap_window(shift, out_size, in_size, STRIDE: tl.constexpr, BOX: tl.constexpr):
+    """(first, count): the output positions o in [first, first + count) whose input o*STRIDE + shift lies
+    in [0, in_size). A tap that meets only padding gets a window past every box (first = out_size + BOX,
     count = 1), so its loads are all fill: a descriptor needs a size of at least 1."""
-    first = tl.maximum(0, -shift)
-    count = tl.minimum(out_size, in_size - shift) - first
+    if STRIDE == 1:
+        first = tl.maximum(0, -shift)
+        count = tl.minimum(out_size, in_size - shift) - first
+    else:
+        first = tl.maximum(0, (STRIDE - 1 - shift) // STRIDE)  # ceil(-shift / STRIDE) where shift < 0
+        inside = in_size > shift  # some o*STRIDE + shift < in_size with o >= 0
+        count = tl.minimum(out_size, tl.where(inside, (in_size - 1 - shift) // STRIDE + 1, 0)) - first
     empty = count <= 0
     return tl.where(empty, out_size + BOX, first), tl.where(empty, 1, count)
 
@@ -64,7 +68,7 @@ def conv2d_tma_dw(
     HAS_BIAS: tl.constexpr, TF32: tl.constexpr, ROW_TAPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BOX_H: tl.constexpr, BOX_W: tl.constexpr,
 ):
-    """2-D convolution weight gradient (groups = 1, stride 1) from channels-last dy and x, split over pixels.
+    """2-D convolution weight gradient (groups = 1) from channels-last dy and x, split over pixels.
 
     dy is [B, OH, OW, C_OUT] and x is [B, H, W, C_IN], contiguous, with rows of 16-byte multiples
     (C * element size) on 16-byte aligned bases. The pixels run in boxes of BOX_H x BOX_W of one
@@ -75,7 +79,7 @@ def conv2d_tma_dw(
     takes the boxes [s*L, min((s+1)*L, NB)) with L = cdiv(NB, SPLIT) and writes, for its taps
     tap = kh*KW + kw, tap-major (`Conv2dDwReduce` with TAPS = KH*KW puts them in dw's order),
         partial[s, tap*C_OUT*C_IN + c_out*C_IN + c_in] = sum over the boxes' pixels (b, oh, ow) of
-            dy[b, oh, ow, c_out] * x[b, oh - PAD_H + kh*DIL_H, ow - PAD_W + kw*DIL_W, c_in]
+            dy[b, oh, ow, c_out] * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
     with both read as 0 outside their tensors (the TMA's fill), and when HAS_BIAS the programs of
     the first taps and c_in tile also write partial[s, C_OUT*C_IN*KH*KW + c_out] = the sum of dy.
     Tensor-core products, fp32 sums: fp32 as `bf16x3_dot` when TF32 (channels-last tiles run along
@@ -98,20 +102,22 @@ def conv2d_tma_dw(
     c_in_first = tile_n * BLOCK_N
     dy_boxes = tl.make_tensor_descriptor(dy, shape=[B, OH, OW, C_OUT], strides=[OH * OW * C_OUT, OW * C_OUT, C_OUT, 1],
                                          block_shape=[1, BOX_H, BOX_W, BLOCK_M])
-    # Tap (kh, kw) pairs dy pixel (oh, ow) with x pixel (oh + dh, ow + dw). Its x descriptor starts at
-    # dy pixel (row_first, col_first), the first whose x pixel lies in the image, and ends where dy or x
-    # does: the TMA's zero fill then covers the padding and dy's ragged last boxes alike, so no x value
-    # is ever paired with a dy outside the output (a NaN there would otherwise reach dw as 0 * NaN).
+    # Tap (kh, kw) pairs dy pixel (oh, ow) with x pixel (oh*STRIDE_H + dh, ow*STRIDE_W + dw). Its x
+    # descriptor, over every STRIDE_H-th row and STRIDE_W-th column, starts at dy pixel (row_first,
+    # col_first), the first whose x pixel lies in the image, and ends where dy or x does: the TMA's zero
+    # fill then covers the padding and dy's ragged last boxes alike, so no x value is ever paired with a
+    # dy outside the output (a NaN there would otherwise reach dw as 0 * NaN).
     dh = kh * DIL_H - PAD_H
-    row_first, rows = _tap_window(dh, OH, H, BOX_H)
+    row_first, rows = _tap_window(dh, OH, H, STRIDE_H, BOX_H)
     x_boxes = ()
     col_firsts = ()
     for t in tl.static_range(ROW_TAPS):
         dw = (kw_first + t) * DIL_W - PAD_W
-        col_first, cols = _tap_window(dw, OW, W, BOX_W)
-        x_first = x + ((row_first + dh) * W + col_first + dw).to(tl.int64) * C_IN
+        col_first, cols = _tap_window(dw, OW, W, STRIDE_W, BOX_W)
+        x_first = x + ((row_first * STRIDE_H + dh) * W + col_first * STRIDE_W + dw).to(tl.int64) * C_IN
         x_boxes = x_boxes + (tl.make_tensor_descriptor(x_first, shape=[B, rows, cols, C_IN],
-                                                       strides=[H * W * C_IN, W * C_IN, C_IN, 1],
+                                                       strides=[H * W * C_IN, STRIDE_H * W * C_IN,
+                                                                STRIDE_W * C_IN, 1],
                                                        block_shape=[1, BOX_H, BOX_W, BLOCK_N]),)
         col_firsts = col_firsts + (col_first,)
     boxes_h = tl.cdiv(OH, BOX_H)

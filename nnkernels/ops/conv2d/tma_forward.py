@@ -1,4 +1,4 @@
-"""Convolution forward (stride 1) from tiles the tensor memory accelerator copies: `Conv2dTmaForward`.
+"""Convolution forward from tiles the tensor memory accelerator copies: `Conv2dTmaForward`.
 
 `Conv2dGemmClForward` computes a pointer and a mask per pixel of its x tiles. Here a pixel tile is a
 box of the output, [BOX_B images, BOX_H rows, BOX_W columns], and its x tile for a tap is the same box
@@ -9,6 +9,11 @@ Measured on the H200 (2026-12, B32, kernel alone, best config each; the two kern
 ResNet-50's 512-channel 7x7 layer 56.3 -> 48.5 µs in TF32 and 34.1 -> 31.4 in bf16, the 256-channel 14x14
 layer 52.8 -> 50.0 and 30.5 -> 29.7; on 28x28 and 56x56 planes the pointer kernel stayed faster with TF32
 (52.5 against 55.6 µs at 128@28), not with TF32 off.
+
+With a stride s (dividing the planes), x is viewed as [B, H/s, s, W/s, s*C_IN]: input row oh*s + dh is row
+oh + floor(dh/s) of phase dh mod s, and likewise for columns, whose phase picks which C_IN-run of the last axis a
+box reads. A tap's x tile is then again one box, [BOX_B, BOX_H, 1, BOX_W, BLOCK_K], of a 5-D descriptor, and the
+fill outside it is still the padding.
 """
 import torch
 import triton
@@ -26,8 +31,9 @@ from ..common.tma import check_tma_rows
 
 def conv2d_tma_forward_entry(k, a):
     """Grid (cdiv(B, BOX_B) * boxes per image, c_out tiles, SPLIT_K) for `Conv2dTmaForward`."""
-    if (k.stride_h, k.stride_w) != (1, 1):
-        raise ValueError(f"stride: expected (1, 1) (a TMA box is a dense window), got {(k.stride_h, k.stride_w)}")
+    for name, size, stride in (("H", a.H, k.stride_h), ("W", a.W, k.stride_w)):
+        if size % stride:
+            raise ValueError(f"{name}: expected a multiple of the stride {stride} (x viewed by phases), got {size}")
     for name, box in (("box_b", k.box_b), ("box_h", k.box_h), ("box_w", k.box_w)):
         if box < 1 or box & (box - 1):
             raise ValueError(f"{name}: expected a power of two, got {box}")
@@ -49,19 +55,18 @@ def conv2d_tma_forward(
     BOX_B: tl.constexpr, BOX_H: tl.constexpr, BOX_W: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
-    """2-D convolution forward (groups = 1, stride 1) from channels-last x and w, NCHW y (NHWC when Y_NHWC); TMA
-    boxes.
+    """2-D convolution forward (groups = 1) from channels-last x and w, NCHW y (NHWC when Y_NHWC); TMA boxes.
 
-    x is [B, H, W, C_IN] and w is [C_OUT, KH, KW, C_IN], contiguous, with rows of 16-byte multiples
-    on 16-byte aligned bases; w's taps in reverse order when FLIP_TAPS (w[c_out, KH-1-kh, KW-1-kw, c_in]
-    stands for tap (kh, kw), as in `Conv2dGemmClForward`); C_IN % BLOCK_K == 0. A pixel tile is a box
+    x is [B, H, W, C_IN], H and W multiples of STRIDE_H and STRIDE_W, and w is [C_OUT, KH, KW, C_IN],
+    contiguous, with rows of 16-byte multiples on 16-byte aligned bases; w's taps in reverse order when FLIP_TAPS
+    (w[c_out, KH-1-kh, KW-1-kw, c_in] stands for tap (kh, kw), as in `Conv2dGemmClForward`); C_IN % BLOCK_K == 0. A pixel tile is a box
     of BLOCK_M = BOX_B*BOX_H*BOX_W output pixels (b, oh, ow), NB = cdiv(B, BOX_B) * cdiv(OH, BOX_H) *
     cdiv(OW, BOX_W) of them, box i = (g*cdiv(OH, BOX_H) + bh)*cdiv(OW, BOX_W) + bw.
     Grid: (NB, cdiv(C_OUT, BLOCK_N), SPLIT_K). Program (i, pn, s) takes box i, the BLOCK_N channels
     c_out of tile pn and the K-steps [s*S, min((s+1)*S, KS)) of the KS = KH*KW*C_IN/BLOCK_K slices of K
     (each inside one tap), S = cdiv(KS, SPLIT_K), and forms
         [bias[c_out] in split 0] + sum over those (kh, kw, c_in) of w[c_out, kh, kw, c_in]
-            * x[b, oh - PAD_H + kh*DIL_H, ow - PAD_W + kw*DIL_W, c_in]
+            * x[b, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W, c_in]
     (x read as 0 outside the tensor: the TMA's fill). With SPLIT_K = 1 that is y[b, c_out, oh, ow]
     (NCHW; y[b, oh, ow, c_out] when Y_NHWC); else it goes in fp32 to partial[s] in y's layout and
     `Conv2dDwReduce` (TAPS = 1) adds the splits into y in a fixed order. Pixels of a box outside the output
@@ -80,8 +85,17 @@ def conv2d_tma_forward(
     n_first = tl.program_id(1) * BLOCK_N
     taps: tl.constexpr = KH * KW
     k_total = taps * C_IN
-    x_boxes = tl.make_tensor_descriptor(x, shape=[B, H, W, C_IN], strides=[H * W * C_IN, W * C_IN, C_IN, 1],
-                                        block_shape=[BOX_B, BOX_H, BOX_W, BLOCK_K])
+    if STRIDE_H * STRIDE_W == 1:
+        x_boxes = tl.make_tensor_descriptor(x, shape=[B, H, W, C_IN], strides=[H * W * C_IN, W * C_IN, C_IN, 1],
+                                            block_shape=[BOX_B, BOX_H, BOX_W, BLOCK_K])
+    else:  # [B, H/s, s, W/s, s*C_IN]: row phase on axis 2, column phase inside the last axis
+        x_boxes = tl.make_tensor_descriptor(
+            x, shape=[B, H // STRIDE_H, STRIDE_H, W // STRIDE_W, STRIDE_W * C_IN],
+            strides=[H * W * C_IN, STRIDE_H * W * C_IN, W * C_IN, STRIDE_W * C_IN, 1],
+            block_shape=[BOX_B, BOX_H, 1, BOX_W, BLOCK_K])
+    # Offsets that keep a tap's shift kh*DIL_H - PAD_H non-negative, so // and % floor it.
+    LIFT_H: tl.constexpr = STRIDE_H * ((PAD_H + STRIDE_H - 1) // STRIDE_H)
+    LIFT_W: tl.constexpr = STRIDE_W * ((PAD_W + STRIDE_W - 1) // STRIDE_W)
     w_tiles = tl.make_tensor_descriptor(w, shape=[C_OUT, k_total], strides=[k_total, 1],
                                         block_shape=[BLOCK_N, BLOCK_K])
     steps_per_split = tl.cdiv(k_total // BLOCK_K, SPLIT_K)
@@ -90,8 +104,15 @@ def conv2d_tma_forward(
     for k_first in range(k_begin, tl.minimum(k_begin + steps_per_split * BLOCK_K, k_total), BLOCK_K):
         tap = k_first // C_IN
         c_first = k_first - tap * C_IN
-        x_box = x_boxes.load([b_first, oh_first + (tap // KW) * DIL_H - PAD_H, ow_first + (tap % KW) * DIL_W - PAD_W,
-                              c_first])
+        if STRIDE_H * STRIDE_W == 1:
+            x_box = x_boxes.load([b_first, oh_first + (tap // KW) * DIL_H - PAD_H,
+                                  ow_first + (tap % KW) * DIL_W - PAD_W, c_first])
+        else:
+            shift_h = (tap // KW) * DIL_H - PAD_H + LIFT_H
+            shift_w = (tap % KW) * DIL_W - PAD_W + LIFT_W
+            x_box = x_boxes.load([b_first, oh_first + shift_h // STRIDE_H - LIFT_H // STRIDE_H, shift_h % STRIDE_H,
+                                  ow_first + shift_w // STRIDE_W - LIFT_W // STRIDE_W,
+                                  shift_w % STRIDE_W * C_IN + c_first])
         if FLIP_TAPS:
             w_k = (taps - 1 - tap) * C_IN + c_first
         else:
