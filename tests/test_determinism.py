@@ -50,8 +50,6 @@ class Case:
 
 
 CONV_NCHW = ("Conv2dGemmForward", "Conv2dGemmDx", "Conv2dGemmDw", "Conv2dDwReduce")
-CONV_CL = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dGemmClDx", "Conv2dGemmClDw",
-           "Conv2dDwReduce")
 CONV_CL_TMA = ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dGemmClForward", "Conv2dTmaDw",
                "Conv2dDwReduce")  # dx: the forward kernel
 CONV_GROUPED = ("ChannelsLastCopy", "Conv2dGroupedWeight", "Conv2dGemmClForward", "Conv2dGemmClDw",
@@ -72,8 +70,8 @@ CASES = {
     # NCHW (channels not multiples of 16), 1x1 as a matrix product (strided: of the subsampled input; the first
     # guess, as tuning may take the channels-last kernels instead), depthwise, the forward a row per
     # program and the backward as 1x1 products of the unfolded input (at most 4 input channels, large planes); dw
-    # split into fp32 partials (from TMA boxes at stride 1; in fp32 on small planes, one 1x1 product of the input
-    # unfolded rows-outer); on small planes at stride 1 the forward (and dx) from TMA boxes too.
+    # split into fp32 partials (from TMA boxes; in fp32 on small planes, one 1x1 product of the input unfolded
+    # rows-outer); on small planes the forward (and dx) from TMA boxes too.
     "conv2d-cl-fp32": Case("conv2d", dict(x=(8, 32, 28, 28), w=(64, 32, 3, 3)), dict(x=(1, 16, 4, 4), w=(16, 16, 3, 3)),
                            CONV_CL_TMA, dict(padding=1, bias=True)),
     "conv2d-1x1-strided-fp16": Case("conv2d", dict(x=(16, 64, 56, 56), w=(128, 64, 1, 1)),
@@ -81,9 +79,12 @@ CASES = {
                                     ("Subsample2dForward", "Conv2dPointwise", "Subsample2dBackward",
                                      "Conv2dPointwiseDw", "Conv2dDwReduce"),
                                     dict(stride=2), torch.float16, tuned=False),
-    "conv2d-cl-strided-dx-nhwc-bf16": Case("conv2d", dict(x=(8, 32, 28, 28), w=(64, 32, 3, 3)),
-                                           dict(x=(1, 16, 5, 5), w=(16, 16, 3, 3)), CONV_CL,
-                                           dict(stride=2, padding=1), torch.bfloat16),
+    # Strided, in 16-channel runs: every pass from TMA boxes (the first guesses; dx written channels-last).
+    "conv2d-cl-strided-tma-bf16": Case("conv2d", dict(x=(8, 32, 28, 28), w=(64, 32, 3, 3)),
+                                       dict(x=(1, 16, 5, 5), w=(16, 16, 3, 3)),
+                                       ("ChannelsLastCopyPair", "ChannelsLastCopy", "Conv2dTmaForward", "Conv2dTmaDx",
+                                        "Conv2dTmaDw", "Conv2dDwReduce"),
+                                       dict(stride=2, padding=1), torch.bfloat16, tuned=False),
     "conv2d-pointwise-bf16": Case("conv2d", dict(x=(16, 64, 28, 28), w=(128, 64, 1, 1)),
                                   dict(x=(2, 24, 5, 7), w=(40, 24, 1, 1)),
                                   ("Conv2dPointwise", "Conv2dPointwiseDw", "Conv2dDwReduce"),
