@@ -12,7 +12,9 @@ from nnkernels.functional.conv_algorithms import dx_pass
 from nnkernels.functional.conv_algorithms.tma import tma_dx_candidates
 from nnkernels.functional.conv_problem import Problem
 from nnkernels.ops.conv2d.tma_dx import Conv2dTmaDx
-from support import BF16X3_TOLERANCE, DEVICE, DTYPES, GPU, assert_close, dtype_id, poisoned, randn
+from support import DEVICE, DTYPES, GPU, assert_close, dtype_id, poisoned, randn
+
+TF32_TOLERANCE = 2e-3  # 10-bit mantissa products (on the GPU; the interpreter multiplies in fp32)
 
 # (B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dilation, box (BOX_B, BOX_H, BOX_W))
 CASES = [
@@ -50,7 +52,7 @@ def test_tma_dx_with_tf32_and_one_tile_of_channels():
     """TF32 on (on a GPU one TF32 product a slice; the interpreter multiplies in fp32) and channel tiles that
     hold all of C_IN and C_OUT."""
     dx, ref = _dx(CASES[0].values[0], torch.float32, tf32=True, blocks=(32, 32))
-    assert_close(dx, ref, torch.float32, tol=BF16X3_TOLERANCE)
+    assert_close(dx, ref, torch.float32, tol=TF32_TOLERANCE)
 
 
 def _launch_args(C_IN=16, C_OUT=32, w_numel=None):
