@@ -59,9 +59,9 @@ def conv2d_tma_forward(
 
     x is [B, H, W, C_IN], H and W multiples of STRIDE_H and STRIDE_W, and w is [C_OUT, KH, KW, C_IN],
     contiguous, with rows of 16-byte multiples on 16-byte aligned bases; w's taps in reverse order when FLIP_TAPS
-    (w[c_out, KH-1-kh, KW-1-kw, c_in] stands for tap (kh, kw), as in `Conv2dGemmClForward`); C_IN % BLOCK_K == 0. A pixel tile is a box
-    of BLOCK_M = BOX_B*BOX_H*BOX_W output pixels (b, oh, ow), NB = cdiv(B, BOX_B) * cdiv(OH, BOX_H) *
-    cdiv(OW, BOX_W) of them, box i = (g*cdiv(OH, BOX_H) + bh)*cdiv(OW, BOX_W) + bw.
+    (w[c_out, KH-1-kh, KW-1-kw, c_in] stands for tap (kh, kw), as in `Conv2dGemmClForward`); C_IN % BLOCK_K == 0.
+    A pixel tile is a box of BLOCK_M = BOX_B*BOX_H*BOX_W output pixels (b, oh, ow), NB = cdiv(B, BOX_B) *
+    cdiv(OH, BOX_H) * cdiv(OW, BOX_W) of them, box i = (g*cdiv(OH, BOX_H) + bh)*cdiv(OW, BOX_W) + bw.
     Grid: (NB, cdiv(C_OUT, BLOCK_N), SPLIT_K). Program (i, pn, s) takes box i, the BLOCK_N channels
     c_out of tile pn and the K-steps [s*S, min((s+1)*S, KS)) of the KS = KH*KW*C_IN/BLOCK_K slices of K
     (each inside one tap), S = cdiv(KS, SPLIT_K), and forms
