@@ -112,6 +112,7 @@ def _launch_args(C, split, B=1, H=4, W=4):
     ((3, 3, 1, 1, 1, 1, 1, 1, False, False, 1, 16, 16, 4, 4), {"C": 6}, "C_IN: expected a multiple of 4"),
     ((3, 3, 1, 1, 1, 1, 1, 1, False, False, 1, 16, 16, 4, 4), {"split": 2}, r"SPLIT: expected at most .* = 1 slices"),
     ((3, 3, 1, 1, 1, 1, 1, 1, False, False, 1, 16, 16, 4, 3), {}, "box_w: expected a power of two"),
+    ((3, 3, 1, 1, 1, 1, 1, 1, False, False, 1, 16, 16, 0, 4), {}, "box_h: expected an int >= 1, got 0"),
 ])
 def test_tma_dw_launch_checks(constants, args, match):
     """Bad launches raise a ValueError naming the argument, and write nothing."""

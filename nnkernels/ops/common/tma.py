@@ -16,3 +16,12 @@ def check_tma_rows(name: str, channels: int, tensor: torch.Tensor):
     if tensor.data_ptr() % 16:
         raise ValueError(f"{name}: expected its tensor on a 16-byte aligned address for the TMA, got "
                          f"{tensor.data_ptr():#x}")
+
+
+def check_box_sides(k, *names: str):
+    """Each of the kernel's constants `names` (a TMA box's sides, positive: the kernel object checks that) must be
+    a power of two."""
+    for name in names:
+        side = getattr(k, name)
+        if side & (side - 1):
+            raise ValueError(f"{name}: expected a power of two, got {side}")

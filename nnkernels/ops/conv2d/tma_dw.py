@@ -21,14 +21,12 @@ from .checks import check_conv_launch
 from ..common.host_math import cdiv
 from ..common.tensor_core import BF16X3_HELPERS, bf16x3_dot, bf16x3_total, conv_dot
 from ..common.tiles import zero_tiles
-from ..common.tma import check_tma_rows
+from ..common.tma import check_box_sides, check_tma_rows
 
 
 def conv2d_tma_dw_entry(k, a):
     """Grid (c_out tiles * tap groups * c_in tiles, SPLIT, 1) for `Conv2dTmaDw`."""
-    for name, box in (("box_h", k.box_h), ("box_w", k.box_w)):
-        if box & (box - 1):
-            raise ValueError(f"{name}: expected a power of two, got {box}")
+    check_box_sides(k, "box_h", "box_w")
     check_conv_launch(k, a, 1)
     if k.kw % k.row_taps:
         raise ValueError(f"row_taps: expected a divisor of KW = {k.kw}, got {k.row_taps}")

@@ -26,7 +26,7 @@ from .checks import check_conv_launch
 from ..common.checks import check_grid_3d
 from ..common.host_math import cdiv
 from ..common.tensor_core import conv_dot
-from ..common.tma import check_tma_rows
+from ..common.tma import check_box_sides, check_tma_rows
 
 
 def conv2d_tma_forward_entry(k, a):
@@ -34,9 +34,7 @@ def conv2d_tma_forward_entry(k, a):
     for name, size, stride in (("H", a.H, k.stride_h), ("W", a.W, k.stride_w)):
         if size % stride:
             raise ValueError(f"{name}: expected a multiple of the stride {stride} (x viewed by phases), got {size}")
-    for name, box in (("box_b", k.box_b), ("box_h", k.box_h), ("box_w", k.box_w)):
-        if box < 1 or box & (box - 1):
-            raise ValueError(f"{name}: expected a power of two, got {box}")
+    check_box_sides(k, "box_b", "box_h", "box_w")
     check_conv_launch(k, a, 1)
     check_tma_rows("C_IN", a.C_IN, a.x)
     check_tma_rows("KH*KW*C_IN", k.kh * k.kw * a.C_IN, a.w)
