@@ -8,7 +8,7 @@ nor the batch, and channel tiles wider than the channels, so every edge of a box
 import pytest
 import torch
 
-from nnkernels.functional.conv_algorithms import dx_pass
+from nnkernels.functional.conv_algorithms import dx_pass, forward_pass
 from nnkernels.functional.conv_algorithms.tma import tma_dx_candidates
 from nnkernels.functional.conv_problem import Problem
 from nnkernels.ops.conv2d.tma_dx import Conv2dTmaDx
@@ -90,5 +90,21 @@ def test_a_strided_layer_offers_the_tma_dx_beside_the_pointer_kernel():
 
     assert dx_algorithms(128, 2)[:4] == ["tma_dx", "cl_dx", "tma_dx", "cl_dx"]
     assert "tma_dx" not in dx_algorithms(128, 1) and "tma_dx" not in dx_algorithms(24, 2)
-    configs = tma_dx_candidates(256, 128, torch.bfloat16, GPU)
+    configs = tma_dx_candidates(32, 4, (14, 14), 256, 128, torch.bfloat16, GPU)
     assert all(c.block_k == 64 and c.block_n == 128 for c in configs) and {c.block_m for c in configs} == {64, 128}
+
+
+def test_128_pixel_tiles_go_first_where_they_fill_the_sms():
+    """128-pixel tiles lead the TMA forward's and dx's lists where they still make a program per SM (ResNet-50's
+    1x1 512->2048 @7 at batch 32: 13 x 16 programs on 132 SMs), and follow the 64-pixel ones where they would not
+    (1x1 2048->512 @7: 13 x 4); on small planes the channels-last forward's first guess stays among the first
+    three candidates either way, so quick tuning times it."""
+    def first_three(c_in, c_out, size, stride=1):
+        p = Problem((32, c_in, size, size), (c_out, c_in, 1, 1), (stride, stride), (0, 0), (1, 1), 1, torch.bfloat16,
+                    False, GPU, nhwc=True)
+        return [(c.algorithm, c.config.block_m) for c in forward_pass(p).candidates()[:3]]
+
+    assert first_three(512, 2048, 7) == [("tma_forward", 128), ("tma_forward", 128), ("cl_forward", 128)]
+    assert first_three(2048, 512, 7) == [("tma_forward", 64), ("tma_forward", 64), ("cl_forward", 128)]
+    assert [c.block_m for c in tma_dx_candidates(32, 4, (7, 7), 512, 512, torch.bfloat16, GPU)] == [128, 64, 64]
+    assert [c.block_m for c in tma_dx_candidates(2, 4, (7, 7), 512, 512, torch.bfloat16, GPU)] == [64, 64, 128]
