@@ -90,15 +90,14 @@ def tma_dw_candidates(c_out: int, c_in: int, kh: int, kw: int, batch: int, rows:
     64-channel row), one tap or a row of KW taps per program (one dy box then serves the row), and the boxes split
     so that a given number of programs per SM run (at most that: a second, nearly empty wave would double the
     time). 16-bit types: 128 x 64 tiles of one tap at 3 programs per SM first, then rows of taps on 64 x 64 tiles,
-    then 128 x 128, and last rows of taps on 128 x 64 tiles; fp32 starts with rows of taps over 64 x 64 tiles,
-    128 x 128 tiles and 128 x 64 at 6 per SM."""
+    then 128 x 128; fp32 starts with rows of taps over 64 x 64 tiles, 128 x 128 tiles and 128 x 64 at 6 per SM."""
     if not machine.gpu:
         return [GemmConfig(clamp_pow2(c_out, 16, 64), clamp_pow2(c_in, 16, 64), 64, 4, 1, 1, kw)]
     block_k = 64 if dtype != torch.float32 else 32
     box_h, box_w = tma_box(rows, cols, block_k)
     boxes = batch * -(-rows // box_h) * -(-cols // box_w)
     order = [(128, 64, 8, 3, 1, 3), (64, 64, 4, 3, kw, 2), (128, 128, 8, 3, 1, 1), (128, 64, 8, 3, 1, 6),
-             (64, 64, 4, 3, kw, 3), (64, 64, 8, 3, 1, 4), (128, 64, 8, 3, kw, 1), (128, 64, 8, 3, kw, 2)]
+             (64, 64, 4, 3, kw, 3), (64, 64, 8, 3, 1, 4)]
     if dtype == torch.float32:
         order = [order[1], order[2], order[3], order[4], order[0], order[5]]
     configs = []
