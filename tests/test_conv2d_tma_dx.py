@@ -99,9 +99,9 @@ def test_128_pixel_tiles_go_first_where_they_fill_the_sms():
     1x1 512->2048 @7 at batch 32: 13 x 16 programs on 132 SMs), and follow the 64-pixel ones where they would not
     (1x1 2048->512 @7: 13 x 4); on small planes the channels-last forward's first guess stays among the first
     three candidates either way, so quick tuning times it."""
-    def first_three(c_in, c_out, size, stride=1):
-        p = Problem((32, c_in, size, size), (c_out, c_in, 1, 1), (stride, stride), (0, 0), (1, 1), 1, torch.bfloat16,
-                    False, GPU, nhwc=True)
+    def first_three(c_in, c_out, size):
+        p = Problem((32, c_in, size, size), (c_out, c_in, 1, 1), (1, 1), (0, 0), (1, 1), 1, torch.bfloat16, False, GPU,
+                    nhwc=True)
         return [(c.algorithm, c.config.block_m) for c in forward_pass(p).candidates()[:3]]
 
     assert first_three(512, 2048, 7) == [("tma_forward", 128), ("tma_forward", 128), ("cl_forward", 128)]
