@@ -122,8 +122,9 @@ class Problem:
         self.flat_pixels = (nhwc and self.pointwise and self.stride == (1, 1)
                             and self.B * self.H * self.W * max(self.C_IN, self.C_OUT) < 2**31)
         self.flip_taps = flip_taps  # the weight's taps stored in reverse (`dx_forward`'s problems)
-        # dx pixels of one stride phase of one image (the gather-form dx kernels' unit of work)
-        self.pixels_per_phase = -(-self.H // self.stride[0]) * -(-self.W // self.stride[1])
+        # (rows, cols) of dx's pixels of one stride phase of one image (the gather-form dx kernels' unit of work)
+        self.phase_plane = (-(-self.H // self.stride[0]), -(-self.W // self.stride[1]))
+        self.pixels_per_phase = self.phase_plane[0] * self.phase_plane[1]
         self.key = (self.B, self.C_IN, self.C_OUT, self.H, self.W, self.geometry, groups, str(dtype), self.tf32,
                     has_bias, self.winograd) + (("nhwc",) if nhwc else ()) + (("flat",) if self.flat_pixels else ())
 

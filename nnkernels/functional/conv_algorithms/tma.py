@@ -148,7 +148,7 @@ class TmaDx(ClDx):
         return tma_rows_fit(p) and p.dx_nhwc and p.stride != (1, 1)
 
     def candidates(self, p):
-        return tma_dx_candidates(p.B, p.stride[0] * p.stride[1], _phase_plane(p), p.C_IN, p.C_OUT, p.dtype,
+        return tma_dx_candidates(p.B, p.stride[0] * p.stride[1], p.phase_plane, p.C_IN, p.C_OUT, p.dtype,
                                  p.machine)
 
     def ranks(self, p, count):
@@ -156,14 +156,9 @@ class TmaDx(ClDx):
         return [index - 0.5 for index in range(count)]
 
     def _product(self, p, config):
-        box = tma_forward_box(config.block_m, *_phase_plane(p))
+        box = tma_forward_box(config.block_m, *p.phase_plane)
         constants = p.geometry + (p.tf32, *box, config.block_n, config.block_k)
         return make_kernel(Conv2dTmaDx, constants, p, config)
-
-
-def _phase_plane(p) -> tuple[int, int]:
-    """(rows, cols) of one stride phase of dx's planes."""
-    return -(-p.H // p.stride[0]), -(-p.W // p.stride[1])
 
 
 class TmaDw(Algorithm):
