@@ -2,12 +2,12 @@
 not compile its kernels one after another as its first step reaches them.
 
 `convert` puts a `CompileAhead` forward pre-hook on the model it returns. At the model's first eager forward on a
-GPU it starts what `warmup` starts: the kernels of every convolution of one forward and backward (their shapes
-from a pass on the meta device) compiling in background processes, the last convolution first, while the step
+GPU it starts what `warmup` starts: the kernels of every convolution, batch norm and average pooling of one forward
+and backward (their shapes from a pass on the meta device) compiling in background processes, the last layer first, while the step
 runs from the first and loads what they have built. At the model's next forward, the first step being done, or at
-the process's exit, whichever comes first, it stops them. A set of convolutions once compiled whole leaves a
+the process's exit, whichever comes first, it stops them. A set of layers once compiled whole leaves a
 marker in Triton's cache directory (keyed by the shapes, dtype, GPU, versions, kernels' code and the choices
-this machine's tuning remembers for those convolutions), and a later process with that marker starts no
+this machine's tuning remembers for the convolutions), and a later process with that marker starts no
 processes. `NNKERNELS_COMPILE_AHEAD=off` turns it off and `NNKERNELS_COMPILE_JOBS=N` sets how many processes (1:
 none); under torch.compile, in Triton's interpreter and for inputs not on a GPU it does nothing.
 """
@@ -17,7 +17,6 @@ import atexit
 import contextlib
 import hashlib
 import logging
-import math
 import os
 import threading
 from pathlib import Path
@@ -112,12 +111,11 @@ def background_jobs() -> int:
 
 def affordable_jobs(jobs: int, free_bytes: int | None, shapes, dtype) -> int:
     """How many of `jobs` workers may start with `free_bytes` of GPU memory free (None: no limit): each takes
-    about WORKER_CONTEXT_BYTES for its CUDA context and room for four times the largest convolution's x, weight
-    and y, and together they take at most a quarter of what is free, so that the step keeps the rest."""
+    about WORKER_CONTEXT_BYTES for its CUDA context and room for four times the tensors of the largest layer call
+    (`elements`), and together they take at most a quarter of what is free, so that the step keeps the rest."""
     if free_bytes is None:
         return jobs
-    tensors = max(sum(math.prod(shape) for shape in (s.x_shape, s.w_shape, s.y_shape)) for s in shapes)
-    per_worker = WORKER_CONTEXT_BYTES + 4 * tensors * dtype.itemsize
+    per_worker = WORKER_CONTEXT_BYTES + 4 * max(shape.elements() for shape in shapes) * dtype.itemsize
     return min(jobs, free_bytes // 4 // per_worker)
 
 
@@ -128,12 +126,12 @@ def _start(model, args):
     device = next((t.device for t in args if isinstance(t, torch.Tensor)), None)
     if device is None or device.type not in GPU_DEVICE_TYPES:
         return None, None
-    from .step_warmup import _conv_dtype, conv_shapes_of_step, start_compiling_shapes
+    from .step_warmup import _conv_dtype, shapes_of_step, start_compiling_shapes
 
     try:
-        shapes = conv_shapes_of_step(model, args)
+        shapes = shapes_of_step(model, args)
     except Exception:  # noqa: BLE001  (the forward that follows raises what the model raises, or runs as it can)
-        log.info("nnkernels: compiling ahead found no convolutions on the meta device", exc_info=True)
+        log.info("nnkernels: compiling ahead found no layers on the meta device", exc_info=True)
         return None, None
     if not shapes:
         return None, None
@@ -145,7 +143,7 @@ def _start(model, args):
     jobs = affordable_jobs(background_jobs(), free, shapes, dtype)
     if jobs < 2:  # one process is the step compiling as it goes, as `warmup(jobs=1)` takes it
         return None, None
-    log.info("nnkernels: compiling the kernels of %d convolutions in %d background processes (%s=off turns this "
+    log.info("nnkernels: compiling the kernels of %d layer shapes in %d background processes (%s=off turns this "
              "off)", len(shapes), jobs, ENV)
     return start_compiling_shapes(shapes, dtype, jobs, str(device), "nnkernels: compiling ahead"), key
 
@@ -169,15 +167,18 @@ def _marker(key) -> Path:
 
     from . import __version__, tuning
     from .functional.conv import remembered_choices
+    from .layer_calls import ConvShape
 
     shapes, dtype, device = key
-    # The convolutions' remembered choices, not the whole tuning cache: other ops' tuning changes no kernel here.
+    # The convolutions' remembered choices, which decide what their workers compile (a batch norm's or a pooling's
+    # compile the choices their tuning may time, whatever it remembers); not the whole tuning cache.
     choices = sorted(repr((shape, remembered_choices(shape.x_shape, shape.w_shape, shape.stride, shape.padding,
                                                      shape.dilation, shape.groups, dtype, shape.bias,
-                                                     shape.channels_last)))
+                                                     shape.channels_last) if isinstance(shape, ConvShape) else None))
                      for shape in shapes)
     parts = (choices, str(dtype), torch.backends.cudnn.allow_tf32, gpu_name(device), torch.__version__,
-             triton.__version__, __version__, tuning.kernels_fingerprint("conv2d"))
+             triton.__version__, __version__, tuning.mode(),
+             *(tuning.kernels_fingerprint(layer) for layer in ("conv2d", "batch_norm", "avg_pool2d")))
     digest = hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
     return _triton_cache_dir() / "nnkernels-compiled-ahead" / digest
 

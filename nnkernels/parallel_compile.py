@@ -1,15 +1,17 @@
-"""`precompile_convs(shapes, dtype, jobs)`: compile, in `jobs` worker processes at once, every kernel that the first
-calls of these convolutions may launch or time, so that the process which then runs them finds them in Triton's
-disk cache instead of compiling them one after another.
+"""`precompile_layers(shapes, dtype, jobs)`: compile, in `jobs` worker processes at once, every kernel that the first
+calls of these layers (convolutions, batch norms, average poolings) may launch or time, so that the process which
+then runs them finds them in Triton's disk cache instead of compiling them one after another.
 
 A worker (`python -m nnkernels.parallel_compile`) takes one shape at a time from a queue the parent feeds and
-runs `nnkernels.functional.conv.precompile` on fresh random tensors of it: per pass the choice tuning remembers
-(the machine's cache or the shipped table) where there is one, else the candidates quick tuning would time, each
-compiled and none run (`kernel.compile_only`; in the interpreter, where nothing compiles, run), nothing timed or
-remembered. `start_precompile` does it in the background: `warmup` runs its step meanwhile and stops the
-workers when the step is done. Workers are new interpreters started with `-m`, not
-multiprocessing's spawned children, which would first re-run the user's script (its `__main__`); they share the
-parent's environment, so its Triton cache and interpreter mode.
+compiles its kernels, none run (`kernel.compile_only`; in the interpreter, where nothing compiles, run), nothing
+timed or remembered: for a convolution `nnkernels.functional.conv.precompile` on fresh random tensors of it (per
+pass the choice tuning remembers, the machine's cache or the shipped table, where there is one, else the
+candidates quick tuning would time); for a batch norm or a pooling, one forward and backward of the functional op
+on such tensors, where tuning runs the choices the parent's tuning would time (`tuning.compile_for`).
+`start_precompile` does it in the background: `warmup` runs its step meanwhile and stops the workers when the
+step is done. Workers are new interpreters started with `-m`, not multiprocessing's spawned children, which would
+first re-run the user's script (its `__main__`); they share the parent's environment, so its Triton cache and
+interpreter mode.
 """
 from __future__ import annotations
 
@@ -22,32 +24,66 @@ import sys
 import tempfile
 import threading
 import traceback
-from dataclasses import astuple
-
 import torch
 
-from .conv_calls import ConvShape
+from . import tuning
 from .kernel import compile_only
+from .layer_calls import AvgPoolShape, BatchNormShape, ConvShape
 
 
-def _compile_conv(shape: ConvShape, dtype_name: str, tf32: bool, device: str):
+def _compile_conv(shape: ConvShape, dtype: torch.dtype, device: str):
     """In a worker: compile, without running them, the kernels of each choice `precompile` makes for `shape`."""
     from .functional.conv import precompile
 
-    torch.backends.cudnn.allow_tf32 = tf32
-    dtype = getattr(torch, dtype_name)
     x = torch.randn(shape.x_shape, device=device).to(dtype)
     x = x.contiguous(memory_format=torch.channels_last) if shape.channels_last else x
     weight = torch.randn(shape.w_shape, device=device).to(dtype)
     # A channels-last output mostly means a model moved to channels_last, whose weights are channels-last too.
     weight = weight.contiguous(memory_format=torch.channels_last) if shape.channels_last else weight
     precompile(x, weight, shape.stride, shape.padding, shape.dilation, shape.groups, shape.bias)
+
+
+def _input(shape, dtype, device):
+    """A random x of `shape`'s size and layout that asks for its gradient."""
+    x = torch.randn(shape.x_shape, device=device).to(dtype)
+    return (x.contiguous(memory_format=torch.channels_last) if shape.channels_last else x).requires_grad_()
+
+
+def _compile_batch_norm(shape: BatchNormShape, dtype: torch.dtype, device: str):
+    """In a worker: one forward and backward of batch norm as the layer calls it, on random tensors."""
+    from .functional.batchnorm import batch_norm
+
+    x = _input(shape, dtype, device)
+    channels = shape.x_shape[1]
+    weight = torch.ones(channels, device=device, requires_grad=True)
+    bias = torch.zeros(channels, device=device, requires_grad=True)
+    running = (torch.zeros(channels, device=device), torch.ones(channels, device=device)) if (
+        shape.running or not shape.training) else (None, None)
+    y = batch_norm(x, *running, weight, bias, training=shape.training, momentum=0.1, eps=1e-5)
+    y.backward(torch.randn_like(y))
+
+
+def _compile_avg_pool(shape: AvgPoolShape, dtype: torch.dtype, device: str):
+    """In a worker: one forward and backward of average pooling as the layer calls it, on random tensors."""
+    from .functional.pooling import avg_pool2d
+
+    y = avg_pool2d(_input(shape, dtype, device), shape.kernel, shape.stride, shape.padding, shape.ceil_mode,
+                   shape.count_include_pad, shape.divisor or None)
+    y.backward(torch.randn_like(y))
+
+
+_COMPILERS = {ConvShape: _compile_conv, BatchNormShape: _compile_batch_norm, AvgPoolShape: _compile_avg_pool}
+
+
+def _compile(shape, dtype_name: str, tf32: bool, device: str):
+    torch.backends.cudnn.allow_tf32 = tf32
+    _COMPILERS[type(shape)](shape, getattr(torch, dtype_name), device)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
 class Precompiling:
-    """Workers compiling a list of convolution shapes in the background (`start_precompile`): `wait()` until they
+    """Workers compiling a list of layer shapes in the background (`start_precompile`): `wait()` until they
     have done all (raising the first worker's error), or `stop()` them wherever they are."""
 
     def __init__(self, shapes, header, jobs):
@@ -77,7 +113,7 @@ class Precompiling:
                         shape = self._pending.get_nowait()
                     except queue.Empty:
                         break
-                    pickle.dump(astuple(shape), child.stdin)
+                    pickle.dump(shape, child.stdin)
                     child.stdin.flush()
                     try:
                         ok, error = pickle.load(child.stdout)
@@ -85,7 +121,8 @@ class Precompiling:
                         log.seek(0)
                         ok, error = False, log.read().decode(errors="replace")[-4000:]
                     if not ok and not self._stopped:
-                        self.failures.append(f"precompiling the convolution {shape.name} failed:\n{error}")
+                        what = "the convolution " if isinstance(shape, ConvShape) else ""
+                        self.failures.append(f"precompiling {what}{shape.name} failed:\n{error}")
             except (BrokenPipeError, OSError):
                 if not self._stopped:
                     raise
@@ -119,13 +156,14 @@ class Precompiling:
 
 
 def start_precompile(shapes, dtype: torch.dtype, jobs: int, device: str = "cuda") -> Precompiling:
-    """Start compiling the kernels of each of `shapes` (ConvShapes) in `dtype` in `jobs` worker processes (each
-    taking the next shape as it finishes one), under the current TF32 setting, in the background."""
-    header = (str(dtype).replace("torch.", ""), torch.backends.cudnn.allow_tf32, device)
+    """Start compiling the kernels of each of `shapes` (`layer_calls` shapes) in `dtype` in `jobs` worker processes
+    (each taking the next shape as it finishes one), under the current TF32 setting and tuning mode, in the
+    background."""
+    header = (str(dtype).replace("torch.", ""), torch.backends.cudnn.allow_tf32, device, tuning.mode())
     return Precompiling(list(dict.fromkeys(shapes)), header, jobs)
 
 
-def precompile_convs(shapes, dtype: torch.dtype, jobs: int, device: str = "cuda") -> int:
+def precompile_layers(shapes, dtype: torch.dtype, jobs: int, device: str = "cuda") -> int:
     """`start_precompile(...).wait()`: compile them all, then return how many shapes were done."""
     return start_precompile(shapes, dtype, jobs, device).wait()
 
@@ -135,15 +173,16 @@ def _serve():
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     requests = sys.stdin.buffer
-    dtype_name, tf32, device = pickle.load(requests)
+    dtype_name, tf32, device, tuning_mode = pickle.load(requests)
     compile_only()
+    tuning.compile_for(tuning_mode)
     while True:
         try:
-            fields = pickle.load(requests)
+            shape = pickle.load(requests)
         except EOFError:
             return
         try:
-            _compile_conv(ConvShape(*fields), dtype_name, tf32, device)
+            _compile(shape, dtype_name, tf32, device)
             answer = (True, None)
         except Exception:  # the parent reports it, naming the shape
             answer = (False, traceback.format_exc()[-4000:])

@@ -2,14 +2,14 @@
 
 Each nnkernels op builds a plan on the first call with a new signature (shapes, strides, dtypes, device, flags):
 that is where kernels compile and, on the GPU, configs are timed. `warmup` runs one forward (and backward) of a
-copy of the model on the example inputs, so every plan of a step exists before the first real one; the model
-itself is left untouched (no running statistics updated, no gradients). Run it under the same
-`torch.autocast` as the training step, so that it sees the same dtypes. On compiled GPUs the convolutions'
-kernels are compiled ahead in `jobs` background processes (`parallel_compile`; by default one per CPU, at most
-8, or `NNKERNELS_COMPILE_JOBS`), their shapes taken from a forward pass on the meta device, the last convolution
-first, while the step runs from the first and loads what they have compiled; when the step is done they are stopped. Where they fail, warmup
-says so in one line and the step compiles what they did not. `jobs=1` compiles as the step runs, one kernel
-after another.
+copy of the model on the example inputs, so every plan of a step exists before the first real one; the model itself
+is left untouched (no running statistics updated, no gradients). Run it under the same `torch.autocast` as the
+training step, so that it sees the same dtypes. On compiled GPUs the kernels of its convolutions, batch norms and
+average poolings are compiled ahead in `jobs` background processes (`parallel_compile`; by default one per CPU, at
+most 8, or `NNKERNELS_COMPILE_JOBS`), their shapes taken from a forward pass on the meta device, the last layer
+first, while the step runs from the first and loads what they have compiled; when the step is done they are
+stopped. Where they fail, warmup says so in one line and the step compiles what they did not. `jobs=1` compiles as
+the step runs, one kernel after another.
 """
 from __future__ import annotations
 
@@ -67,12 +67,13 @@ def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def conv_shapes_of_step(model, inputs) -> list:
-    """The ConvShapes one forward + backward of `model` on `inputs` runs, the last convolution first (a step
-    starts at the first), from a pass of a meta copy of `model` (`meta_copy`)."""
-    from .conv_calls import conv_shapes, meta_copy
+def shapes_of_step(model, inputs) -> list:
+    """The layer shapes (`layer_calls`: convolutions, batch norms, average poolings) one forward + backward of
+    `model` on `inputs` runs, the last layer first (a step starts at the first), from a pass of a meta copy of
+    `model` (`meta_copy`)."""
+    from .layer_calls import layer_shapes, meta_copy
 
-    return list(reversed(list(conv_shapes(meta_copy(model), inputs, training=model.training))))
+    return list(reversed(list(layer_shapes(meta_copy(model), inputs, training=model.training))))
 
 
 def start_compiling_shapes(shapes, dtype, jobs: int, device: str, who: str):
@@ -89,12 +90,12 @@ def start_compiling_shapes(shapes, dtype, jobs: int, device: str, who: str):
         return None
 
 
-def start_compiling_convs(model, inputs, jobs: int, who: str = "nnkernels.warmup"):
-    """`start_compiling_shapes` of every convolution one forward + backward of `model` on `inputs` runs."""
+def start_compiling_layers(model, inputs, jobs: int, who: str = "nnkernels.warmup"):
+    """`start_compiling_shapes` of every layer one forward + backward of `model` on `inputs` runs."""
     try:
-        shapes = conv_shapes_of_step(model, inputs)
+        shapes = shapes_of_step(model, inputs)
     except Exception as error:  # noqa: BLE001  (the step itself raises what the model raises)
-        log.warning("%s: the convolutions of a step could not be found on the meta device (%s: %s); compiling as "
+        log.warning("%s: the layers of a step could not be found on the meta device (%s: %s); compiling as "
                     "the step runs", who, type(error).__name__, _first_line(str(error)))
         return None
     device = next((str(t.device) for t in inputs if isinstance(t, torch.Tensor)), "cuda")
@@ -113,7 +114,7 @@ def warmup(model: torch.nn.Module, example_inputs, *, backward: bool = True, pro
            jobs: int | None = None) -> WarmupSummary:
     """Run one training step's forward (and, with `backward`, its backward) of a copy of `model` on
     `example_inputs` (a tensor or a tuple of positional arguments), with a progress bar over its nnkernels layers;
-    return a summary. `jobs` > 1: meanwhile compile the convolutions' kernels in that many processes (on compiled
+    return a summary. `jobs` > 1: meanwhile compile the layers' kernels in that many processes (on compiled
     GPUs; the interpreter has nothing to compile); None: `compile_ahead.background_jobs()`. A bad example input raises the
     error the model itself would raise."""
     if not isinstance(model, torch.nn.Module):
@@ -125,7 +126,7 @@ def warmup(model: torch.nn.Module, example_inputs, *, backward: bool = True, pro
         jobs = compile_ahead.background_jobs()
     began = time.perf_counter()
     with compile_ahead.suppressed():  # the twin's hook would start what this starts
-        compiling = start_compiling_convs(model, inputs, jobs) if jobs > 1 and not INTERPRETED else None
+        compiling = start_compiling_layers(model, inputs, jobs) if jobs > 1 and not INTERPRETED else None
         try:
             layers, backward_ran = _run_twin(model, inputs, backward, progress)
         finally:

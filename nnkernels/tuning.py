@@ -15,7 +15,9 @@ Cost bound: candidates are tried in order and no new one is started once TUNING_
 `choose` began on this kind and shape, unless it is the first of its family tried (`family`: its algorithm
 where the choice names one, else its type): a first candidate that compiles for longer than the budget must
 not win unopposed, since another algorithm may be many times faster. `NNKERNELS_TUNE=quick` (the default)
-tries the first QUICK_CANDIDATES, `full` all of them. What a choice means is its caller's: the tuner knows no
+tries the first QUICK_CANDIDATES, `full` all of them. A process that compiles for another (`compile_for`, a
+worker compiling ahead) runs, and so compiles, the choices the other's tuning would time, and times nothing.
+What a choice means is its caller's: the tuner knows no
 op, only that a kind begins with its layer's name (`kernels_fingerprint`).
 """
 from __future__ import annotations
@@ -57,6 +59,8 @@ _lock = threading.Lock()
 _memory: dict | None = None
 # (kind, key, device index) -> the choice `choose` answered with, emptied whenever `_memory` is read in again.
 _chosen: dict = {}
+# In a process compiling for another: that process's tuning mode (`compile_for`).
+_compiling_for: str | None = None
 
 
 def mode() -> str:
@@ -65,6 +69,28 @@ def mode() -> str:
     if value not in ("off", "quick", "full"):
         raise ValueError(f"NNKERNELS_TUNE: expected one of off, quick, full, got {value!r}")
     return value
+
+
+def compile_for(tuning_mode: str):
+    """From now on `choose` runs, without timing or remembering, each choice another process tuning in
+    `tuning_mode` would run first (the remembered one, else the candidates that mode times) and answers the first
+    guess: for processes that compile for another (their launches compile and run nothing, `kernel.compile_only`)."""
+    global _compiling_for
+    _compiling_for = tuning_mode
+
+
+def _compile_choices(kind, key, listed, run, decode):
+    """`choose` in a process compiling for another (`compile_for`)."""
+    chosen = remembered(kind, key, listed, decode)
+    tried = ([chosen] if chosen is not None else listed[:1] if _compiling_for == "off" else listed
+             if _compiling_for == "full" else listed[:QUICK_CANDIDATES])
+    for choice in tried:
+        try:
+            run(choice)
+        except Exception as error:
+            if not _too_big(error):
+                raise
+    return tried[0]
 
 
 def cache_path() -> Path:
@@ -247,7 +273,11 @@ def choose(kind: str, key, candidates: Callable[[], list], run, decode):
     `candidates()` lists the choices, the best guess first; a remembered choice must be one of them (a cache edited
     by hand is not trusted). `run(choice)` must run the pass on the real tensors with `choice`; it is called only while tuning.
     `decode(stored)` turns a stored dict (`dataclasses.asdict` of a choice) back into the choice."""
-    if INTERPRETED or mode() == "off":
+    if INTERPRETED:
+        return candidates()[0]
+    if _compiling_for is not None:
+        return _compile_choices(kind, key, candidates(), run, decode)
+    if mode() == "off":
         return candidates()[0]
     chosen_key = (kind, key, torch.cuda.current_device() if torch.cuda.is_available() else -1)
     with _lock:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nnkernels.bench.model_convs import model_totals
-from nnkernels.conv_calls import ConvShape, conv_shapes
+from nnkernels.layer_calls import ConvShape, conv_shapes
 from nnkernels.cli import main
 
 

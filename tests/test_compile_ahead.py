@@ -9,7 +9,7 @@ import torch
 
 import nnkernels
 from nnkernels import compile_ahead, step_warmup
-from nnkernels.conv_calls import conv_shapes
+from nnkernels.layer_calls import layer_shapes
 from support import DEVICE, randn
 
 
@@ -52,11 +52,12 @@ def ahead(monkeypatch, tmp_path):
     return started
 
 
-def test_the_first_forward_starts_compiling_the_steps_convolutions_and_the_next_stops_it(ahead):
+def test_the_first_forward_starts_compiling_the_steps_layers_and_the_next_stops_it(ahead):
     model, x = _model(), randn(2, 3, 8, 8)
-    expected = list(reversed(list(conv_shapes(copy.deepcopy(model), (x,), training=True))))
+    expected = list(reversed(list(layer_shapes(copy.deepcopy(model), (x,), training=True))))
     model(x).sum().backward()
-    assert len(ahead) == 1 and ahead[0].shapes == expected and len(expected) == 2
+    # two convolutions, the batch norm and the pooling, the last first
+    assert len(ahead) == 1 and ahead[0].shapes == expected and len(expected) == 4
     assert ahead[0].dtype == torch.float32 and ahead[0].device == str(x.device) and not ahead[0].stopped
     # The second step's forward stops the workers; on a GPU the first step's backward has tuned (the marker's key
     # holds the convolutions' remembered choices) before the marker is written.
@@ -199,7 +200,7 @@ def test_real_workers_compile_ahead_and_leave_the_marker(monkeypatch, tmp_path):
 
 
 def test_workers_take_at_most_a_quarter_of_the_free_gpu_memory():
-    from nnkernels.conv_calls import ConvShape
+    from nnkernels.layer_calls import ConvShape
 
     shape = ConvShape((64, 256, 56, 56), (256, 256, 3, 3), (1, 1), (1, 1), (1, 1), 1, False)
     per_worker = compile_ahead.WORKER_CONTEXT_BYTES + 4 * 2 * (2 * 64 * 256 * 56 * 56 + 256 * 256 * 9)
@@ -210,7 +211,7 @@ def test_workers_take_at_most_a_quarter_of_the_free_gpu_memory():
 
 
 def test_the_meta_pass_copies_no_parameter_data():
-    from nnkernels.conv_calls import meta_copy
+    from nnkernels.layer_calls import meta_copy
 
     model = _model().to(memory_format=torch.channels_last)
     model[0].weight.requires_grad_(False)

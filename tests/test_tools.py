@@ -154,7 +154,7 @@ def test_host_profile_counts_the_stubbed_launches_of_a_case():
 
 
 def test_grouped_convs_takes_the_grouped_layers_only():
-    from nnkernels.conv_calls import ConvShape
+    from nnkernels.layer_calls import ConvShape
 
     def shape(c_in, c_out, groups):
         return ConvShape((2, c_in, 8, 8), (c_out, c_in // groups, 3, 3), (1, 1), (1, 1), (1, 1), groups, False)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # Saves N choices of its own, starting once both writers are ready: without the file lock, two of these lost
 # about half of the 300 choices on a 2-core machine.
@@ -113,3 +115,33 @@ def test_past_the_budget_each_algorithm_still_has_its_first_candidate_timed(tmp_
     chosen = tuning.choose("test_budget", ("shape",), lambda: [slow, slow_wider, fast, fast_wider], ran.append,
                            lambda stored: Choice(**stored))
     assert ran == [slow, fast] and chosen == fast
+
+
+def test_a_process_compiling_for_another_runs_what_its_tuning_would_time_and_times_nothing(tmp_path, monkeypatch):
+    """`compile_for(mode)`: the remembered choice where there is one, else the candidates that mode times, each run
+    once (so compiled), none timed or remembered; the answer is the first guess."""
+    from dataclasses import dataclass
+
+    from nnkernels import tuning
+
+    @dataclass(frozen=True)
+    class Choice:
+        tile: int
+
+    listed = [Choice(tile) for tile in range(5)]
+    monkeypatch.setenv("NNKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "_memory", None)
+    monkeypatch.setattr(tuning, "_time_ms", lambda run, choice: pytest.fail("timed in a compiling process"))
+    for mode, expected in (("quick", listed[:tuning.QUICK_CANDIDATES]), ("full", listed), ("off", listed[:1])):
+        monkeypatch.setattr(tuning, "_compiling_for", mode)
+        ran = []
+        assert tuning.choose("test_compile_for", (mode,), lambda: listed, ran.append, lambda s: Choice(**s)) == listed[0]
+        assert ran == expected, mode
+    assert not (tmp_path / "tuning.json").exists()
+    tuning._save(tuning._full_key("test_compile_for", ("known",)), listed[3])
+    monkeypatch.setattr(tuning, "_memory", None)  # read the file again
+    monkeypatch.setattr(tuning, "_compiling_for", "quick")
+    ran = []
+    assert tuning.choose("test_compile_for", ("known",), lambda: listed, ran.append, lambda s: Choice(**s)) == listed[3]
+    assert ran == [listed[3]]

@@ -41,22 +41,58 @@ def test_warmup_with_a_bad_input_raises_what_the_model_raises():
 
 
 def test_the_meta_pass_finds_the_converted_models_convolutions_in_training():
-    from nnkernels.conv_calls import ConvShape, conv_shapes
+    from nnkernels.layer_calls import ConvShape, conv_shapes
 
     model = _model().train()
     found = conv_shapes(model, (randn(2, 3, 8, 8),), training=True)
     assert found == {ConvShape((2, 3, 8, 8), (8, 3, 3, 3), (1, 1), (1, 1), (1, 1), 1, True): 1}
 
 
-def test_precompile_convs_runs_every_shape_in_worker_processes():
+def test_the_meta_pass_finds_the_batch_norms_and_poolings_in_the_order_of_the_forward():
+    from nnkernels.layer_calls import AvgPoolShape, BatchNormShape, ConvShape, layer_shapes
+
+    model = _model().train()
+    found = layer_shapes(model, (randn(2, 3, 8, 8),), training=True)
+    assert list(found) == [
+        ConvShape((2, 3, 8, 8), (8, 3, 3, 3), (1, 1), (1, 1), (1, 1), 1, True),
+        BatchNormShape((2, 8, 8, 8), False, True, True),
+        AvgPoolShape((2, 8, 8, 8), (2, 2), (2, 2), (0, 0), False, True, 0, False)]
+    model.eval()
+    assert BatchNormShape((2, 8, 8, 8), False, False, False) in layer_shapes(model, (randn(2, 3, 8, 8),))
+    layer = nnkernels.convert(torch.nn.BatchNorm2d(8, track_running_stats=False))
+    assert list(layer_shapes(layer, (randn(2, 8, 4, 4).contiguous(memory_format=torch.channels_last),),
+                             training=True)) == [BatchNormShape((2, 8, 4, 4), True, True, False)]
+
+
+def test_precompile_layers_runs_every_shape_in_worker_processes():
     """The pool's plumbing (spawned workers, shapes sent, each shape's choices launched once there); in the
     interpreter, where nothing compiles, the workers still run every choice."""
-    from nnkernels.conv_calls import ConvShape
-    from nnkernels.parallel_compile import precompile_convs
+    from nnkernels.layer_calls import ConvShape
+    from nnkernels.parallel_compile import precompile_layers
 
     shapes = [ConvShape((1, 4, 6, 6), (8, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, False),
               ConvShape((1, 8, 6, 6), (8, 1, 3, 3), (2, 2), (1, 1), (1, 1), 8, True)]
-    assert precompile_convs(shapes + shapes[:1], torch.float32, jobs=2, device=DEVICE) == 2
+    assert precompile_layers(shapes + shapes[:1], torch.float32, jobs=2, device=DEVICE) == 2
+
+
+def test_precompile_layers_runs_batch_norms_and_poolings_in_worker_processes():
+    from nnkernels.layer_calls import AvgPoolShape, BatchNormShape
+    from nnkernels.parallel_compile import precompile_layers
+
+    shapes = [BatchNormShape((2, 8, 4, 4), False, True, True), BatchNormShape((2, 8, 4, 4), True, True, False),
+              BatchNormShape((2, 8, 4, 4), False, False, False),
+              AvgPoolShape((2, 8, 6, 6), (3, 3), (2, 2), (1, 1), True, False, 0, False)]
+    assert precompile_layers(shapes, torch.bfloat16, jobs=2, device=DEVICE) == 4
+
+
+def test_a_failing_precompile_worker_names_the_layer():
+    from nnkernels.layer_calls import AvgPoolShape
+    from nnkernels.parallel_compile import precompile_layers
+
+    bad = AvgPoolShape((2, 8, 6, 6), (3, 3), (2, 2), (2, 2), False, True, 0, False)  # padding over half the kernel
+    with pytest.raises(RuntimeError, match=r"precompiling average pooling 3x3 s2x2 of 2x8x6x6 failed") as failed:
+        precompile_layers([bad], torch.float32, jobs=1, device=DEVICE)
+    assert "padding: expected at most half of kernel_size (3, 3)" in str(failed.value)
 
 
 def test_warmup_compiles_as_it_runs_when_the_parallel_pass_fails(monkeypatch, caplog):
@@ -90,23 +126,23 @@ def test_precompile_workers_do_not_rerun_the_callers_script(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
         "import torch\n"
-        "from nnkernels.conv_calls import ConvShape\n"
-        "from nnkernels.parallel_compile import precompile_convs\n"
+        "from nnkernels.layer_calls import ConvShape\n"
+        "from nnkernels.parallel_compile import precompile_layers\n"
         "print('script body ran', flush=True)\n"
         "shape = ConvShape((1, 4, 6, 6), (8, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, False)\n"
-        f"print('done', precompile_convs([shape], torch.float32, jobs=2, device={DEVICE!r}))\n")
+        f"print('done', precompile_layers([shape], torch.float32, jobs=2, device={DEVICE!r}))\n")
     finished = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert finished.stdout.splitlines() == ["script body ran", "done 1"]
 
 
 def test_a_failing_precompile_worker_names_the_shape():
-    from nnkernels.conv_calls import ConvShape
-    from nnkernels.parallel_compile import precompile_convs
+    from nnkernels.layer_calls import ConvShape
+    from nnkernels.parallel_compile import precompile_layers
 
     bad = ConvShape((1, 4, 6, 6), (8, 5, 3, 3), (1, 1), (1, 1), (1, 1), 1, False)  # 5 weight channels for 4
     with pytest.raises(RuntimeError, match=r"precompiling the convolution 3x3 4->8 6x6 p1 failed") as failed:
-        precompile_convs([bad], torch.float32, jobs=1, device=DEVICE)
+        precompile_layers([bad], torch.float32, jobs=1, device=DEVICE)
     assert "w: expected C_OUT*(C_IN/G)*KH*KW = 288 elements, got 360" in str(failed.value)
 
 
@@ -114,7 +150,7 @@ def test_stopped_precompile_workers_end_at_once():
     """`stop` kills the workers wherever they are (here still importing torch), and no shape counts as failed."""
     import time
 
-    from nnkernels.conv_calls import ConvShape
+    from nnkernels.layer_calls import ConvShape
     from nnkernels.parallel_compile import start_precompile
 
     shapes = [ConvShape((1, 4, 6, 6 + i), (8, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, False) for i in range(6)]
@@ -138,7 +174,8 @@ def test_warmup_stops_its_compiling_processes_when_the_step_is_done(monkeypatch)
     monkeypatch.setattr(parallel_compile, "start_precompile", start)
     summary = warmup(_model(), randn(2, 3, 8, 8), progress=False, jobs=2)
     assert summary.layers == 3 and summary.backward and len(started) == 1
-    assert [shape.x_shape for shape in started[0].shapes] == [(2, 3, 8, 8)]
+    # the pooling, the batch norm and the convolution: the last layer first
+    assert [shape.x_shape for shape in started[0].shapes] == [(2, 8, 8, 8), (2, 8, 8, 8), (2, 3, 8, 8)]
     assert all(child.poll() is not None for child in started[0]._children)
 
 
@@ -157,7 +194,7 @@ def test_compile_only_launches_compile_and_write_nothing(monkeypatch, poisoned_o
 
 def test_the_meta_pass_marks_channels_last_calls():
     """A channels-last model's calls are recorded as such, so warmup's workers compile the channels-last choices."""
-    from nnkernels.conv_calls import conv_shapes
+    from nnkernels.layer_calls import conv_shapes
 
     model = _model().train().to(memory_format=torch.channels_last)
     found = conv_shapes(model, (randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last),), training=True)

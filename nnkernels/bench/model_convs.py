@@ -19,8 +19,8 @@ import collections
 
 import torch
 
-from ..conv_calls import ConvShape, conv_shapes
-from ..parallel_compile import precompile_convs
+from ..layer_calls import ConvShape, conv_shapes
+from ..parallel_compile import precompile_layers
 from . import harness
 
 # model -> its input size (square images)
@@ -120,7 +120,7 @@ def run(quick: bool = False, models=None, batch: int = BATCH, precisions=DEFAULT
     try:
         for precision in precisions:  # the kernels are those of NCHW inputs in either layout
             dtype, torch.backends.cudnn.allow_tf32 = PRECISIONS[precision]
-            precompile_convs(shapes, dtype, WORKERS)
+            precompile_layers(shapes, dtype, WORKERS)
     finally:
         torch.backends.cudnn.allow_tf32 = previous
     times = {(shape, p, layout): time_layer(shape, p, layout)

@@ -40,7 +40,9 @@ def _pair(value, name, *, lowest):
     return pair
 
 
-def _options(kernel_size, stride, padding):
+def window_options(kernel_size, stride, padding):
+    """(kernel, stride, padding) as pairs of ints, the stride the kernel's where None or empty, as torch reads
+    avg_pool2d's arguments; a bad value raises, naming the argument."""
     kernel = _pair(kernel_size, "kernel_size", lowest=1)
     strides = kernel if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else _pair(
         stride, "stride", lowest=1)
@@ -176,7 +178,7 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
     x: (B, C, H, W) or (C, H, W), float32/float16/bfloat16. Sums in fp32. Differences from torch:
     divisor_override must be positive (torch only refuses 0). Bad arguments raise a ValueError or TypeError
     naming the argument before anything is launched."""
-    kernel, strides, pads = _options(kernel_size, stride, padding)
+    kernel, strides, pads = window_options(kernel_size, stride, padding)
     if not isinstance(x, torch.Tensor) or type(ceil_mode) is not bool or type(count_include_pad) is not bool:
         _check(x, kernel, strides, pads, ceil_mode, count_include_pad, divisor_override)
     if divisor_override is not None and (type(divisor_override) is not int or divisor_override < 1):

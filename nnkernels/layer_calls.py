@@ -1,14 +1,17 @@
-"""The convolution calls a model makes: `conv_shapes(model, inputs)` runs one forward pass on the meta device
-(no GPU memory, no weights) with hooks on every `torch.nn.Conv2d` and `ConvTranspose2d` (nnkernels' included) and
-counts each call's `ConvShape`: input and weight shapes and the layer's options, with string padding and non-zero
-padding modes resolved to what the convolution itself sees; a transposed convolution counts as the convolution
-whose input gradient it is (from its output to its input, no bias), which is what it runs. `nnkernels bench model-convs` times them; `warmup(jobs=N)` compiles
-their kernels in parallel first."""
+"""The layer calls a model makes, found by one forward pass on the meta device (no GPU memory, no weights) with
+hooks on its layers: `conv_shapes(model, inputs)` counts each convolution call's `ConvShape` (every
+`torch.nn.Conv2d` and `ConvTranspose2d`, nnkernels' included): input and weight shapes and the layer's options,
+with string padding and non-zero padding modes resolved to what the convolution itself sees; a transposed
+convolution counts as the convolution whose input gradient it is (from its output to its input, no bias), which
+is what it runs. `layer_shapes(model, inputs)` also counts the calls of nnkernels' batch-norm and average-pooling
+layers (`BatchNormShape`, `AvgPoolShape`), in the order of the forward. `nnkernels bench model-convs` times the
+convolutions; `warmup` and compiling ahead compile every layer's kernels in parallel processes."""
 from __future__ import annotations
 
 import collections
 import copy
 import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +52,55 @@ class ConvShape:
         _, c_out, oh, ow = self.y_shape
         return 2 * self.x_shape[0] * c_out * oh * ow * self.w_shape[1] * self.w_shape[2] * self.w_shape[3]
 
+    def elements(self) -> int:
+        """Elements of the tensors one call reads and writes: x, the weight and y."""
+        return sum(math.prod(shape) for shape in (self.x_shape, self.w_shape, self.y_shape))
+
+
+@dataclass(frozen=True)
+class BatchNormShape:
+    """One call of nnkernels' batch norm as a layer makes it: x's shape and layout, whether it normalises by the
+    batch's statistics (`training`) and whether it updates running statistics there (`running`)."""
+
+    x_shape: tuple
+    channels_last: bool
+    training: bool
+    running: bool
+
+    @property
+    def name(self) -> str:
+        mode = ("training" + (" with running statistics" if self.running else "")) if self.training else "evaluation"
+        return (f"batch norm {'x'.join(map(str, self.x_shape))} {mode}"
+                + (" channels-last" if self.channels_last else ""))
+
+    def elements(self) -> int:
+        """Elements of the tensors one call reads and writes: x and y."""
+        return 2 * math.prod(self.x_shape)
+
+
+@dataclass(frozen=True)
+class AvgPoolShape:
+    """One call of nnkernels' average pooling as a layer makes it: x's shape and layout and the layer's options, as
+    `nnkernels.functional.avg_pool2d` takes them (divisor 0: none)."""
+
+    x_shape: tuple
+    kernel: tuple
+    stride: tuple
+    padding: tuple
+    ceil_mode: bool
+    count_include_pad: bool
+    divisor: int
+    channels_last: bool
+
+    @property
+    def name(self) -> str:
+        return (f"average pooling {'x'.join(map(str, self.kernel))} s{'x'.join(map(str, self.stride))} of "
+                f"{'x'.join(map(str, self.x_shape))}" + (" channels-last" if self.channels_last else ""))
+
+    def elements(self) -> int:
+        """Elements of the tensors one call reads and writes, at most: x twice (y is no larger)."""
+        return 2 * math.prod(self.x_shape)
+
 
 def _padding(module, x_shape) -> tuple[tuple, tuple]:
     """(the input shape the convolution sees, its explicit padding) for a layer's padding and padding_mode."""
@@ -82,7 +134,23 @@ def conv_shapes(model: torch.nn.Module, inputs, training: bool = False) -> colle
     """{ConvShape: how many times the forward of `model` calls it}, from one forward pass on the meta device (the
     model is moved there), in training mode or not. `inputs`: an input's shape, or the positional arguments of
     the forward (tensors stand for meta tensors of their shapes and dtypes)."""
+    return _meta_pass(model, inputs, training, layers=False)
+
+
+def layer_shapes(model: torch.nn.Module, inputs, training: bool = False) -> collections.Counter:
+    """`conv_shapes` with the calls of nnkernels' batch-norm and average-pooling layers too, all in the order the
+    forward first makes them."""
+    return _meta_pass(model, inputs, training, layers=True)
+
+
+def _channels_last(x) -> bool:
+    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def _meta_pass(model, inputs, training, layers):
+    from . import nn
     from .functional.conv import channels_last_output
+    from .functional.pooling import window_options
 
     found = collections.Counter()
 
@@ -96,13 +164,26 @@ def conv_shapes(model: torch.nn.Module, inputs, training: bool = False) -> colle
                         tuple(module.dilation), module.groups, False,
                         channels_last_output(args[0], module.weight))] += 1
 
+    def record_batch_norm(module, args, output):
+        # `nn.BatchNorm2d.forward`'s choice of statistics, read without counting a step
+        training = module.training or (module.running_mean is None and module.running_var is None)
+        tracked = (not module.training or module.track_running_stats) and module.running_mean is not None
+        found[BatchNormShape(tuple(args[0].shape), _channels_last(args[0]), training, training and tracked)] += 1
+
+    def record_pooling(module, args, output):
+        kernel, stride, padding = window_options(module.kernel_size, module.stride, module.padding)
+        found[AvgPoolShape(tuple(args[0].shape), kernel, stride, padding, module.ceil_mode,
+                           module.count_include_pad, module.divisor_override or 0, _channels_last(args[0]))] += 1
+
     if isinstance(inputs, (tuple, list, torch.Size)) and all(isinstance(size, int) for size in inputs):
         arguments = (torch.empty(tuple(inputs), device="meta"),)
     else:
         arguments = tuple(_on_meta(arg) for arg in (inputs if isinstance(inputs, tuple) else (inputs,)))
-    hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-    hooks += [m.register_forward_hook(record_transposed) for m in model.modules()
-              if isinstance(m, torch.nn.ConvTranspose2d)]
+    recorders = [(torch.nn.Conv2d, record), (torch.nn.ConvTranspose2d, record_transposed)]
+    if layers:
+        recorders += [(nn.BatchNorm2d, record_batch_norm), (nn.AvgPool2d, record_pooling)]
+    hooks = [m.register_forward_hook(recorder) for m in model.modules() for kind, recorder in recorders
+             if isinstance(m, kind)]
     try:
         model.to("meta").train(training)
         with torch.no_grad():
