@@ -30,6 +30,8 @@ from . import tuning
 from .kernel import compile_only
 from .layer_calls import AvgPoolShape, BatchNormShape, ConvShape
 
+WORKER_RESTARTS = 2
+
 
 def _compile_conv(shape: ConvShape, dtype: torch.dtype, device: str):
     """In a worker: compile, without running them, the kernels of each choice `precompile` makes for `shape`."""
@@ -90,6 +92,7 @@ class Precompiling:
         self.shapes, self._pending, self._children, self._stopped = shapes, queue.SimpleQueue(), [], False
         self._lock = threading.Lock()
         self.failures: list[str] = []
+        self.compiled: list = []  # the shapes answered without error
         for shape in shapes:
             self._pending.put(shape)
         self._threads = [threading.Thread(target=self._work, args=(header,), daemon=True)
@@ -98,46 +101,63 @@ class Precompiling:
             thread.start()
 
     def _work(self, header):
+        """Feed shapes to worker processes until none are left; a worker that dies is replaced (the shape it held
+        counts as failed), at most WORKER_RESTARTS times a thread, so that one crash leaves the rest compiled."""
+        for _ in range(1 + WORKER_RESTARTS):
+            if not self._serve(header):
+                return
+
+    def _serve(self, header) -> bool:
+        """One worker process's life: whether it died before the shapes ran out."""
         with tempfile.TemporaryFile() as log:
             with self._lock:  # a worker started after `stop` would run to the end of its imports
                 if self._stopped:
-                    return
-                child = subprocess.Popen([sys.executable, "-m", "nnkernels.parallel_compile"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=log,
+                    return False
+                # faulthandler: a worker killed by a fault leaves its traceback in the failure
+                child = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "nnkernels.parallel_compile"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                          env=dict(os.environ, NNKERNELS_TUNE="off"))
                 self._children.append(child)
+            shape = None
             try:
                 pickle.dump(header, child.stdin)
-                while not self.failures and not self._stopped:
+                while not self._stopped:
                     try:
                         shape = self._pending.get_nowait()
                     except queue.Empty:
-                        break
+                        return False
                     pickle.dump(shape, child.stdin)
                     child.stdin.flush()
-                    try:
-                        ok, error = pickle.load(child.stdout)
-                    except EOFError:
-                        log.seek(0)
-                        ok, error = False, log.read().decode(errors="replace")[-4000:]
-                    if not ok and not self._stopped:
-                        what = "the convolution " if isinstance(shape, ConvShape) else ""
-                        self.failures.append(f"precompiling {what}{shape.name} failed:\n{error}")
-            except (BrokenPipeError, OSError):
-                if not self._stopped:
-                    raise
+                    ok, error = pickle.load(child.stdout)
+                    self._answered(shape, ok, error)
+                return False
+            except (EOFError, BrokenPipeError, OSError):
+                if self._stopped:
+                    return False
+                child.wait()
+                log.seek(0)
+                self._answered(shape, False, f"its process ended (exit status {child.returncode}):\n"
+                                             + log.read().decode(errors="replace")[-4000:])
+                return True
             finally:
                 with contextlib.suppress(OSError):
                     child.stdin.close()
                 child.wait()
+
+    def _answered(self, shape, ok, error):
+        if ok:
+            self.compiled.append(shape)
+        elif shape is not None and not self._stopped:
+            what = "the convolution " if isinstance(shape, ConvShape) else ""
+            self.failures.append(f"precompiling {what}{shape.name} failed:\n{error}")
 
     def finished(self) -> bool:
         """Whether every shape was answered (compiled, or failed: see `failures`) and the workers have ended."""
         return not self._stopped and all(not thread.is_alive() for thread in self._threads)
 
     def wait(self) -> int:
-        """Block until every shape is compiled; their number. A worker's error is raised here, with the end of its
-        output."""
+        """Block until every shape is answered; their number. The first failure is raised here, with the end of its
+        worker's output."""
         for thread in self._threads:
             thread.join()
         if self.failures:
