@@ -2,12 +2,13 @@
 calls of these layers (convolutions, batch norms, average poolings) may launch or time, so that the process which
 then runs them finds them in Triton's disk cache instead of compiling them one after another.
 
-A worker (`python -m nnkernels.parallel_compile`) takes one shape at a time from a queue the parent feeds and
+A worker (`python -m nnkernels.parallel_compile`) takes one job at a time, a shape's forward or its backward, from
+a queue the parent feeds (the forwards in the step's order, then the backwards in reverse: `Precompiling`) and
 compiles its kernels, none run (`kernel.compile_only`; in the interpreter, where nothing compiles, run), nothing
-timed or remembered: for a convolution `nnkernels.functional.conv.precompile` on fresh random tensors of it (per
-pass the choice tuning remembers, the machine's cache or the shipped table, where there is one, else the
-candidates quick tuning would time); for a batch norm or a pooling, one forward and backward of the functional op
-on such tensors, where tuning runs the choices the parent's tuning would time (`tuning.compile_for`).
+timed or remembered: for a convolution `nnkernels.functional.conv.precompile` of those passes on fresh random
+tensors of it (per pass the choice tuning remembers, the machine's cache or the shipped table, where there is one,
+else the candidates quick tuning would time); for a batch norm or a pooling, the functional op's forward (and
+backward) on such tensors, where tuning runs the choices the parent's tuning would time (`tuning.compile_for`).
 `start_precompile` does it in the background: `warmup` runs its step meanwhile and stops the workers when the
 step is done. Workers are new interpreters started with `-m`, not multiprocessing's spawned children, which would
 first re-run the user's script (its `__main__`); they share the parent's environment, so its Triton cache and
@@ -33,8 +34,9 @@ from .layer_calls import AvgPoolShape, BatchNormShape, ConvShape
 WORKER_RESTARTS = 2
 
 
-def _compile_conv(shape: ConvShape, dtype: torch.dtype, device: str):
-    """In a worker: compile, without running them, the kernels of each choice `precompile` makes for `shape`."""
+def _compile_conv(shape: ConvShape, part: str, dtype: torch.dtype, device: str):
+    """In a worker: compile, without running them, the kernels of each choice `precompile` makes for `part` of
+    `shape`."""
     from .functional.conv import precompile
 
     x = torch.randn(shape.x_shape, device=device).to(dtype)
@@ -42,7 +44,8 @@ def _compile_conv(shape: ConvShape, dtype: torch.dtype, device: str):
     weight = torch.randn(shape.w_shape, device=device).to(dtype)
     # A channels-last output mostly means a model moved to channels_last, whose weights are channels-last too.
     weight = weight.contiguous(memory_format=torch.channels_last) if shape.channels_last else weight
-    precompile(x, weight, shape.stride, shape.padding, shape.dilation, shape.groups, shape.bias)
+    precompile(x, weight, shape.stride, shape.padding, shape.dilation, shape.groups, shape.bias,
+               forward=part == "forward", backward=part == "backward")
 
 
 def _input(shape, dtype, device):
@@ -51,8 +54,9 @@ def _input(shape, dtype, device):
     return (x.contiguous(memory_format=torch.channels_last) if shape.channels_last else x).requires_grad_()
 
 
-def _compile_batch_norm(shape: BatchNormShape, dtype: torch.dtype, device: str):
-    """In a worker: one forward and backward of batch norm as the layer calls it, on random tensors."""
+def _compile_batch_norm(shape: BatchNormShape, part: str, dtype: torch.dtype, device: str):
+    """In a worker: one forward (and for the backward `part`, its backward) of batch norm as the layer calls it, on
+    random tensors."""
     from .functional.batchnorm import batch_norm
 
     x = _input(shape, dtype, device)
@@ -62,41 +66,51 @@ def _compile_batch_norm(shape: BatchNormShape, dtype: torch.dtype, device: str):
     running = (torch.zeros(channels, device=device), torch.ones(channels, device=device)) if (
         shape.running or not shape.training) else (None, None)
     y = batch_norm(x, *running, weight, bias, training=shape.training, momentum=0.1, eps=1e-5)
-    y.backward(torch.randn_like(y))
+    if part == "backward":
+        y.backward(torch.randn_like(y))
 
 
-def _compile_avg_pool(shape: AvgPoolShape, dtype: torch.dtype, device: str):
-    """In a worker: one forward and backward of average pooling as the layer calls it, on random tensors."""
+def _compile_avg_pool(shape: AvgPoolShape, part: str, dtype: torch.dtype, device: str):
+    """In a worker: one forward (and for the backward `part`, its backward) of average pooling as the layer calls
+    it, on random tensors."""
     from .functional.pooling import avg_pool2d
 
     y = avg_pool2d(_input(shape, dtype, device), shape.kernel, shape.stride, shape.padding, shape.ceil_mode,
                    shape.count_include_pad, shape.divisor or None)
-    y.backward(torch.randn_like(y))
+    if part == "backward":
+        y.backward(torch.randn_like(y))
 
 
 _COMPILERS = {ConvShape: _compile_conv, BatchNormShape: _compile_batch_norm, AvgPoolShape: _compile_avg_pool}
 
 
-def _compile(shape, dtype_name: str, tf32: bool, device: str):
+def _compile(shape, part: str, dtype_name: str, tf32: bool, device: str):
     torch.backends.cudnn.allow_tf32 = tf32
-    _COMPILERS[type(shape)](shape, getattr(torch, dtype_name), device)
+    _COMPILERS[type(shape)](shape, part, getattr(torch, dtype_name), device)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
+def job_order(shapes) -> list:
+    """The (shape, part) jobs of `shapes` (in a step's order) as workers take them: every forward in that order,
+    then every backward in reverse, as the step reaches them, so that workers run ahead of the step, not behind."""
+    return [(shape, "forward") for shape in shapes] + [(shape, "backward") for shape in reversed(shapes)]
+
+
 class Precompiling:
     """Workers compiling a list of layer shapes in the background (`start_precompile`): `wait()` until they
-    have done all (raising the first worker's error), or `stop()` them wherever they are."""
+    have done all (raising the first worker's error), or `stop()` them wherever they are. Each shape is two jobs,
+    its forward's kernels and its backward's, taken in `job_order`."""
 
     def __init__(self, shapes, header, jobs):
         self.shapes, self._pending, self._children, self._stopped = shapes, queue.SimpleQueue(), [], False
         self._lock = threading.Lock()
         self.failures: list[str] = []
-        self.compiled: list = []  # the shapes answered without error
-        for shape in shapes:
-            self._pending.put(shape)
+        self.compiled: list = []  # the (shape, part) jobs answered without error
+        for job in job_order(shapes):
+            self._pending.put(job)
         self._threads = [threading.Thread(target=self._work, args=(header,), daemon=True)
-                         for _ in range(max(1, min(jobs, len(shapes))))]
+                         for _ in range(max(1, min(jobs, 2 * len(shapes))))]
         for thread in self._threads:
             thread.start()
 
@@ -118,25 +132,25 @@ class Precompiling:
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                          env=dict(os.environ, NNKERNELS_TUNE="off"))
                 self._children.append(child)
-            shape = None
+            job = None
             try:
                 pickle.dump(header, child.stdin)
                 while not self._stopped:
                     try:
-                        shape = self._pending.get_nowait()
+                        job = self._pending.get_nowait()
                     except queue.Empty:
                         return False
-                    pickle.dump(shape, child.stdin)
+                    pickle.dump(job, child.stdin)
                     child.stdin.flush()
                     ok, error = pickle.load(child.stdout)
-                    self._answered(shape, ok, error)
+                    self._answered(job, ok, error)
                 return False
             except (EOFError, BrokenPipeError, OSError):
                 if self._stopped:
                     return False
                 child.wait()
                 log.seek(0)
-                self._answered(shape, False, f"its process ended (exit status {child.returncode}):\n"
+                self._answered(job, False, f"its process ended (exit status {child.returncode}):\n"
                                              + log.read().decode(errors="replace")[-4000:])
                 return True
             finally:
@@ -144,12 +158,13 @@ class Precompiling:
                     child.stdin.close()
                 child.wait()
 
-    def _answered(self, shape, ok, error):
+    def _answered(self, job, ok, error):
         if ok:
-            self.compiled.append(shape)
-        elif shape is not None and not self._stopped:
+            self.compiled.append(job)
+        elif job is not None and not self._stopped:
+            shape, part = job
             what = "the convolution " if isinstance(shape, ConvShape) else ""
-            self.failures.append(f"precompiling {what}{shape.name} failed:\n{error}")
+            self.failures.append(f"precompiling the {part} of {what}{shape.name} failed:\n{error}")
 
     def finished(self) -> bool:
         """Whether every shape was answered (compiled, or failed: see `failures`) and the workers have ended."""
@@ -198,11 +213,11 @@ def _serve():
     tuning.compile_for(tuning_mode)
     while True:
         try:
-            shape = pickle.load(requests)
+            shape, part = pickle.load(requests)
         except EOFError:
             return
         try:
-            _compile(shape, dtype_name, tf32, device)
+            _compile(shape, part, dtype_name, tf32, device)
             answer = (True, None)
         except Exception:  # the parent reports it, naming the shape
             answer = (False, traceback.format_exc()[-4000:])

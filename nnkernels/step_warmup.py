@@ -6,10 +6,10 @@ copy of the model on the example inputs, so every plan of a step exists before t
 is left untouched (no running statistics updated, no gradients). Run it under the same `torch.autocast` as the
 training step, so that it sees the same dtypes. On compiled GPUs the kernels of its convolutions, batch norms and
 average poolings are compiled ahead in `jobs` background processes (`parallel_compile`; by default one per CPU, at
-most 8, or `NNKERNELS_COMPILE_JOBS`), their shapes taken from a forward pass on the meta device, the last layer
-first, while the step runs from the first and loads what they have compiled; when the step is done they are
-stopped. Where they fail, warmup says so in one line and the step compiles what they did not. `jobs=1` compiles as
-the step runs, one kernel after another.
+most 8, or `NNKERNELS_COMPILE_JOBS`), their shapes taken from a forward pass on the meta device, each layer's
+forward in the order of the step and then its backward in reverse, while the step runs and loads what they have
+compiled; when the step is done they are stopped. Where they fail, warmup says so in one line and the step compiles
+what they did not. `jobs=1` compiles as the step runs, one kernel after another.
 """
 from __future__ import annotations
 
@@ -69,11 +69,10 @@ def _first_line(text: str) -> str:
 
 def shapes_of_step(model, inputs) -> list:
     """The layer shapes (`layer_calls`: convolutions, batch norms, average poolings) one forward + backward of
-    `model` on `inputs` runs, the last layer first (a step starts at the first), from a pass of a meta copy of
-    `model` (`meta_copy`)."""
+    `model` on `inputs` runs, in the order of the forward, from a pass of a meta copy of `model` (`meta_copy`)."""
     from .layer_calls import layer_shapes, meta_copy
 
-    return list(reversed(list(layer_shapes(meta_copy(model), inputs, training=model.training))))
+    return list(layer_shapes(meta_copy(model), inputs, training=model.training))
 
 
 def start_compiling_shapes(shapes, dtype, jobs: int, device: str, who: str):

@@ -54,9 +54,9 @@ def ahead(monkeypatch, tmp_path):
 
 def test_the_first_forward_starts_compiling_the_steps_layers_and_the_next_stops_it(ahead):
     model, x = _model(), randn(2, 3, 8, 8)
-    expected = list(reversed(list(layer_shapes(copy.deepcopy(model), (x,), training=True))))
+    expected = list(layer_shapes(copy.deepcopy(model), (x,), training=True))
     model(x).sum().backward()
-    # two convolutions, the batch norm and the pooling, the last first
+    # two convolutions, the batch norm and the pooling, in the order of the forward
     assert len(ahead) == 1 and ahead[0].shapes == expected and len(expected) == 4
     assert ahead[0].dtype == torch.float32 and ahead[0].device == str(x.device) and not ahead[0].stopped
     # The second step's forward stops the workers; on a GPU the first step's backward has tuned (the marker's key

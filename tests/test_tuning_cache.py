@@ -136,7 +136,8 @@ def test_a_process_compiling_for_another_runs_what_its_tuning_would_time_and_tim
     for mode, expected in (("quick", listed[:tuning.QUICK_CANDIDATES]), ("full", listed), ("off", listed[:1])):
         monkeypatch.setattr(tuning, "_compiling_for", mode)
         ran = []
-        assert tuning.choose("test_compile_for", (mode,), lambda: listed, ran.append, lambda s: Choice(**s)) == listed[0]
+        chosen = tuning.choose("test_compile_for", (mode,), lambda: listed, ran.append, lambda s: Choice(**s))
+        assert chosen == listed[0]
         assert ran == expected, mode
     assert not (tmp_path / "tuning.json").exists()
     tuning._save(tuning._full_key("test_compile_for", ("known",)), listed[3])

@@ -90,7 +90,8 @@ def test_a_failing_precompile_worker_names_the_layer():
     from nnkernels.parallel_compile import precompile_layers
 
     bad = AvgPoolShape((2, 8, 6, 6), (3, 3), (2, 2), (2, 2), False, True, 0, False)  # padding over half the kernel
-    with pytest.raises(RuntimeError, match=r"precompiling average pooling 3x3 s2x2 of 2x8x6x6 failed") as failed:
+    with pytest.raises(RuntimeError,
+                       match=r"precompiling the forward of average pooling 3x3 s2x2 of 2x8x6x6 failed") as failed:
         precompile_layers([bad], torch.float32, jobs=1, device=DEVICE)
     assert "padding: expected at most half of kernel_size (3, 3)" in str(failed.value)
 
@@ -141,7 +142,8 @@ def test_a_failing_precompile_worker_names_the_shape():
     from nnkernels.parallel_compile import precompile_layers
 
     bad = ConvShape((1, 4, 6, 6), (8, 5, 3, 3), (1, 1), (1, 1), (1, 1), 1, False)  # 5 weight channels for 4
-    with pytest.raises(RuntimeError, match=r"precompiling the convolution 3x3 4->8 6x6 p1 failed") as failed:
+    with pytest.raises(RuntimeError,
+                       match=r"precompiling the forward of the convolution 3x3 4->8 6x6 p1 failed") as failed:
         precompile_layers([bad], torch.float32, jobs=1, device=DEVICE)
     assert "w: expected C_OUT*(C_IN/G)*KH*KW = 288 elements, got 360" in str(failed.value)
 
@@ -174,8 +176,8 @@ def test_warmup_stops_its_compiling_processes_when_the_step_is_done(monkeypatch)
     monkeypatch.setattr(parallel_compile, "start_precompile", start)
     summary = warmup(_model(), randn(2, 3, 8, 8), progress=False, jobs=2)
     assert summary.layers == 3 and summary.backward and len(started) == 1
-    # the pooling, the batch norm and the convolution: the last layer first
-    assert [shape.x_shape for shape in started[0].shapes] == [(2, 8, 8, 8), (2, 8, 8, 8), (2, 3, 8, 8)]
+    # the convolution, the batch norm and the pooling, in the order of the forward
+    assert [shape.x_shape for shape in started[0].shapes] == [(2, 3, 8, 8), (2, 8, 8, 8), (2, 8, 8, 8)]
     assert all(child.poll() is not None for child in started[0]._children)
 
 
@@ -201,6 +203,13 @@ def test_the_meta_pass_marks_channels_last_calls():
     assert [shape.channels_last for shape in found] == [True]
 
 
+def test_workers_take_the_forwards_in_the_steps_order_then_the_backwards_in_reverse():
+    from nnkernels.parallel_compile import job_order
+
+    assert job_order(["a", "b", "c"]) == [("a", "forward"), ("b", "forward"), ("c", "forward"), ("c", "backward"),
+                                          ("b", "backward"), ("a", "backward")]
+
+
 def test_a_worker_that_dies_is_replaced_and_the_other_shapes_still_compile():
     """A crash (here a kill) costs the shape its worker held, not the rest of the queue: the step would otherwise
     compile every remaining kernel itself (an H100 run once took 101 s instead of 32 that way)."""
@@ -214,7 +223,8 @@ def test_a_worker_that_dies_is_replaced_and_the_other_shapes_still_compile():
     while not compiling._children:
         time.sleep(0.01)
     compiling._children[0].kill()
-    with pytest.raises(RuntimeError, match=r"precompiling the convolution 3x3 4->8 6x\d+ p1 failed:\nits process "
-                                           r"ended \(exit status -9\)"):
+    with pytest.raises(RuntimeError, match=r"precompiling the forward of the convolution 3x3 4->8 6x\d+ p1 failed:\n"
+                                           r"its process ended \(exit status -9\)"):
         compiling.wait()
-    assert len(compiling.failures) == 1 and len(set(compiling.compiled)) == 3 and set(compiling.compiled) < set(shapes)
+    # a forward and a backward job per shape, the killed worker's job lost
+    assert len(compiling.failures) == 1 and len(set(compiling.compiled)) == 2 * len(shapes) - 1

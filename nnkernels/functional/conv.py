@@ -580,12 +580,13 @@ def remembered_choices(x_shape, weight_shape, stride, padding, dilation, groups,
     return tuple(pass_.remembered() for pass_ in (forward_pass(p), dx_pass(p), dw_pass(p)))
 
 
-def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, full=False):
+def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, full=False,
+               forward=True):
     """Run once each, on scratch outputs, every choice `conv2d` could make for this call, timing and remembering
-    nothing: per pass the choice tuning remembers (this machine's cache or the shipped table) where there is one,
-    else those quick tuning times (all with `full`). Triton then has them all in its disk cache, so another
-    process (one that trains or tunes) loads them instead of compiling. A channels-last x or weight compiles the
-    channels-last choices, as `conv2d` would run them."""
+    nothing: per pass (the forward with `forward`, dx and dw with `backward`) the choice tuning remembers (this
+    machine's cache or the shipped table) where there is one, else those quick tuning times (all with `full`).
+    Triton then has them all in its disk cache, so another process (one that trains or tunes) loads them instead
+    of compiling. A channels-last x or weight compiles the channels-last choices, as `conv2d` would run them."""
     from .. import tuning
 
     count = None if full else tuning.QUICK_CANDIDATES
@@ -594,8 +595,9 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
         known = None if full else pass_.remembered()
         return [known] if known is not None else pass_.candidates()[:count]
 
-    for _, _, call in choice_calls(x, weight, stride, padding, dilation, groups, bias, backward, choices):
-        call()
+    for name, _, call in choice_calls(x, weight, stride, padding, dilation, groups, bias, backward, choices):
+        if forward or name != "forward":
+            call()
 
 
 def choice_calls(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, choices=None,
