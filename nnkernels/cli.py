@@ -100,8 +100,8 @@ def demo(epochs, batch_size, device, seed, out, limit):
               help="auto: the GPU when there is one, else the CPU through Triton's interpreter.")
 @click.option("--channels-last", is_flag=True, help="Model and images in torch.channels_last.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-              help="Compile the convolutions' kernels in this many processes first (GPU; default: one per CPU, at "
-                   "most 8; 1: as the step runs).")
+              help="Compile the layers' kernels in this many processes beside the step (GPU; default: one per "
+                   "CPU, at most 8; 1: as the step runs).")
 def tune(model, batch_size, image_size, dtype, device, channels_last, jobs):
     """Compile and tune, ahead of training, every kernel one training step of MODEL needs.
 
