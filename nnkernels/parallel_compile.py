@@ -143,28 +143,29 @@ class Precompiling:
                     pickle.dump(job, child.stdin)
                     child.stdin.flush()
                     ok, error = pickle.load(child.stdout)
-                    self._answered(job, ok, error)
+                    self._answered(job, ok, error, error.strip().splitlines()[-1] if error else None)
                 return False
             except (EOFError, BrokenPipeError, OSError):
                 if self._stopped:
                     return False
                 child.wait()
                 log.seek(0)
-                self._answered(job, False, f"its process ended (exit status {child.returncode}):\n"
-                                             + log.read().decode(errors="replace")[-4000:])
+                self._answered(job, False, log.read().decode(errors="replace")[-4000:],
+                               f"its process ended with exit status {child.returncode}")
                 return True
             finally:
                 with contextlib.suppress(OSError):
                     child.stdin.close()
                 child.wait()
 
-    def _answered(self, job, ok, error):
+    def _answered(self, job, ok, error, reason=None):
+        """Count a job's answer; a failure's first line says why (`reason`), the rest is its worker's output."""
         if ok:
             self.compiled.append(job)
         elif job is not None and not self._stopped:
             shape, part = job
             what = "the convolution " if isinstance(shape, ConvShape) else ""
-            self.failures.append(f"precompiling the {part} of {what}{shape.name} failed:\n{error}")
+            self.failures.append(f"precompiling the {part} of {what}{shape.name} failed ({reason}):\n{error}")
 
     def finished(self) -> bool:
         """Whether every shape was answered (compiled, or failed: see `failures`) and the workers have ended."""
