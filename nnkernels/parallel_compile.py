@@ -115,14 +115,14 @@ class Precompiling:
             thread.start()
 
     def _work(self, header):
-        """Feed shapes to worker processes until none are left; a worker that dies is replaced (the shape it held
-        counts as failed), at most WORKER_RESTARTS times a thread, so that one crash leaves the rest compiled."""
+        """Feed jobs to worker processes until none are left; a worker that dies is replaced (the job it held counts
+        as failed), at most WORKER_RESTARTS times a thread, so that one crash leaves the rest compiled."""
         for _ in range(1 + WORKER_RESTARTS):
             if not self._serve(header):
                 return
 
     def _serve(self, header) -> bool:
-        """One worker process's life: whether it died before the shapes ran out."""
+        """One worker process's life: whether it died before the jobs ran out."""
         with tempfile.TemporaryFile() as log:
             with self._lock:  # a worker started after `stop` would run to the end of its imports
                 if self._stopped:
@@ -168,12 +168,12 @@ class Precompiling:
             self.failures.append(f"precompiling the {part} of {what}{shape.name} failed ({reason}):\n{error}")
 
     def finished(self) -> bool:
-        """Whether every shape was answered (compiled, or failed: see `failures`) and the workers have ended."""
+        """Whether every job was answered (compiled, or failed: see `failures`) and the workers have ended."""
         return not self._stopped and all(not thread.is_alive() for thread in self._threads)
 
     def wait(self) -> int:
-        """Block until every shape is answered; their number. The first failure is raised here, with the end of its
-        worker's output."""
+        """Block until every job is answered; the number of shapes. The first failure is raised here, with the end of
+        its worker's output."""
         for thread in self._threads:
             thread.join()
         if self.failures:
@@ -193,8 +193,8 @@ class Precompiling:
 
 def start_precompile(shapes, dtype: torch.dtype, jobs: int, device: str = "cuda") -> Precompiling:
     """Start compiling the kernels of each of `shapes` (`layer_calls` shapes) in `dtype` in `jobs` worker processes
-    (each taking the next shape as it finishes one), under the current TF32 setting and tuning mode, in the
-    background."""
+    (each taking the next job as it finishes one: `job_order`), under the current TF32 setting and tuning mode, in
+    the background."""
     header = (str(dtype).replace("torch.", ""), torch.backends.cudnn.allow_tf32, device, tuning.mode())
     return Precompiling(list(dict.fromkeys(shapes)), header, jobs)
 

@@ -105,8 +105,8 @@ def _stop(compiling, who: str = "nnkernels.warmup"):
     """End the background compilation; a worker's failure is one warning line (the step compiled it itself)."""
     compiling.stop()
     if compiling.failures:
-        log.warning("%s: compiling ahead failed for %d of %d layer shapes (%s); the step compiled those itself", who,
-                    len(compiling.failures), len(compiling.shapes), _first_line(compiling.failures[0]))
+        log.warning("%s: compiling ahead failed for %d of %d jobs (%s); the step compiled those itself", who,
+                    len(compiling.failures), 2 * len(compiling.shapes), _first_line(compiling.failures[0]))
 
 
 def warmup(model: torch.nn.Module, example_inputs, *, backward: bool = True, progress: bool = True,
