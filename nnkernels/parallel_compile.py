@@ -34,13 +34,18 @@ from .layer_calls import AvgPoolShape, BatchNormShape, ConvShape
 WORKER_RESTARTS = 2
 
 
+def _input(shape, dtype, device):
+    """A random x of `shape`'s size and layout."""
+    x = torch.randn(shape.x_shape, device=device).to(dtype)
+    return x.contiguous(memory_format=torch.channels_last) if shape.channels_last else x
+
+
 def _compile_conv(shape: ConvShape, part: str, dtype: torch.dtype, device: str):
     """In a worker: compile, without running them, the kernels of each choice `precompile` makes for `part` of
     `shape`."""
     from .functional.conv import precompile
 
-    x = torch.randn(shape.x_shape, device=device).to(dtype)
-    x = x.contiguous(memory_format=torch.channels_last) if shape.channels_last else x
+    x = _input(shape, dtype, device)
     weight = torch.randn(shape.w_shape, device=device).to(dtype)
     # A channels-last output mostly means a model moved to channels_last, whose weights are channels-last too.
     weight = weight.contiguous(memory_format=torch.channels_last) if shape.channels_last else weight
@@ -48,18 +53,12 @@ def _compile_conv(shape: ConvShape, part: str, dtype: torch.dtype, device: str):
                forward=part == "forward", backward=part == "backward")
 
 
-def _input(shape, dtype, device):
-    """A random x of `shape`'s size and layout that asks for its gradient."""
-    x = torch.randn(shape.x_shape, device=device).to(dtype)
-    return (x.contiguous(memory_format=torch.channels_last) if shape.channels_last else x).requires_grad_()
-
-
 def _compile_batch_norm(shape: BatchNormShape, part: str, dtype: torch.dtype, device: str):
     """In a worker: one forward (and for the backward `part`, its backward) of batch norm as the layer calls it, on
     random tensors."""
     from .functional.batchnorm import batch_norm
 
-    x = _input(shape, dtype, device)
+    x = _input(shape, dtype, device).requires_grad_()
     channels = shape.x_shape[1]
     weight = torch.ones(channels, device=device, requires_grad=True)
     bias = torch.zeros(channels, device=device, requires_grad=True)
@@ -75,7 +74,7 @@ def _compile_avg_pool(shape: AvgPoolShape, part: str, dtype: torch.dtype, device
     it, on random tensors."""
     from .functional.pooling import avg_pool2d
 
-    y = avg_pool2d(_input(shape, dtype, device), shape.kernel, shape.stride, shape.padding, shape.ceil_mode,
+    y = avg_pool2d(_input(shape, dtype, device).requires_grad_(), shape.kernel, shape.stride, shape.padding, shape.ceil_mode,
                    shape.count_include_pad, shape.divisor or None)
     if part == "backward":
         y.backward(torch.randn_like(y))

@@ -17,8 +17,8 @@ where the choice names one, else its type): a first candidate that compiles for 
 not win unopposed, since another algorithm may be many times faster. `NNKERNELS_TUNE=quick` (the default)
 tries the first QUICK_CANDIDATES, `full` all of them. A process that compiles for another (`compile_for`, a
 worker compiling ahead) runs, and so compiles, the choices the other's tuning would time, and times nothing.
-What a choice means is its caller's: the tuner knows no
-op, only that a kind begins with its layer's name (`kernels_fingerprint`).
+What a choice means is its caller's: the tuner knows no op, only that a kind begins with its layer's name
+(`kernels_fingerprint`).
 """
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def compile_for(tuning_mode: str):
 def _compile_choices(kind, key, listed, run, decode):
     """`choose` in a process compiling for another (`compile_for`)."""
     chosen = remembered(kind, key, listed, decode)
-    tried = ([chosen] if chosen is not None else listed[:1] if _compiling_for == "off" else listed
-             if _compiling_for == "full" else listed[:QUICK_CANDIDATES])
+    count = {"off": 1, "full": len(listed)}.get(_compiling_for, QUICK_CANDIDATES)
+    tried = [chosen] if chosen is not None else listed[:count]
     for choice in tried:
         try:
             run(choice)
