@@ -161,7 +161,8 @@ def channels_last_conv_problems(draw):
 @settings(settings.get_profile(PROFILE), max_examples=max(4, settings.get_profile(PROFILE).max_examples // 2))
 @given(channels_last_conv_problems())
 def test_channels_last_conv2d_matches_pytorch(p):
-    """Channels-last x in, channels-last y and dx out (as torch gives them), values against float64."""
+    """Channels-last x in, y and dx out in the layouts torch gives them (channels-last, but for an x of 1x1 planes,
+    which is contiguous too and gives NCHW), values against float64."""
     generator = torch.Generator().manual_seed(p["seed"])
     dtype = p["dtype"]
     x = random_tensor(generator, (p["batch"], p["c_in"], *p["size"]), dtype).contiguous(
@@ -169,11 +170,14 @@ def test_channels_last_conv2d_matches_pytorch(p):
     w = random_tensor(generator, (p["c_out"], p["c_in"], *p["kernel"]), dtype)
     b = random_tensor(generator, (p["c_out"],), dtype) if p["bias"] else None
     options = dict(stride=p["stride"], padding=p["padding"])
-    leaf = x.detach().requires_grad_()
-    y = conv2d(leaf, w, b, **options)
-    y.backward(random_tensor(generator, tuple(y.shape), dtype).contiguous(memory_format=torch.channels_last))
-    assert y.is_contiguous(memory_format=torch.channels_last) and leaf.grad.is_contiguous(
-        memory_format=torch.channels_last)
+    ours, theirs = x.detach().requires_grad_(), x.detach().double().requires_grad_()  # .double() keeps the layout
+    y = conv2d(ours, w, b, **options)
+    torch_y = F.conv2d(theirs, w.double(), None if b is None else b.double(), **options)
+    dy = random_tensor(generator, tuple(y.shape), dtype).contiguous(memory_format=torch.channels_last)
+    y.backward(dy)
+    torch_y.backward(dy.double())
+    for mine, torchs in ((y, torch_y), (ours.grad, theirs.grad)):
+        assert mine.stride() == torchs.stride(), (mine.stride(), torchs.stride())
     check_grads(
         (x, w, b),
         lambda x, w, b: conv2d(x, w, b, **options),
