@@ -36,7 +36,8 @@ def _run_all(case, dtype, tile=(4, 4, 4), split=2, gather=False):
     Conv2dDepthwiseDx(*geometry, *tile, dtype=dtype).launch(dy, w, dx, *sizes)
     partial = poisoned(split, dw_partial_size(C, 1, KH, KW, has_bias), dtype=torch.float32)
     taps = 1 << (KH * KW).bit_length()  # more than KH*KW: a column for the bias
-    Conv2dDepthwiseDw(*geometry, has_bias, taps, *tile, gather, dtype=dtype).launch(dy, x, partial, *sizes, split)
+    ragged = OH % tile[1] != 0  # both builds: with the ragged band's copy and without
+    Conv2dDepthwiseDw(*geometry, has_bias, taps, *tile, gather, ragged, dtype=dtype).launch(dy, x, partial, *sizes, split)
     dw, dbias = poisoned(C, 1, KH, KW, dtype=dtype), poisoned(C, dtype=dtype)
     Conv2dDwReduce(has_bias, 1, 1, 8, 16, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
                                                               dw.numel(), C)
@@ -92,14 +93,18 @@ def test_depthwise_backward_bitwise_deterministic():
 
 
 def test_depthwise_launch_checks():
-    dw_kernel = Conv2dDepthwiseDw(3, 3, 1, 1, 1, 1, 1, 1, False, 8, 1, 4, 4, False)
+    dw_kernel = Conv2dDepthwiseDw(3, 3, 1, 1, 1, 1, 1, 1, False, 8, 1, 4, 4, False, True)
     dy, x = randn(2, 3, 4, 4), randn(2, 3, 4, 4)
     partial = poisoned(1, 27, dtype=torch.float32)
     with pytest.raises(ValueError, match="block_taps"):
         dw_kernel.launch(dy, x, partial, 2, 3, 4, 4, 4, 4, 1)
-    good = Conv2dDepthwiseDw(3, 3, 1, 1, 1, 1, 1, 1, False, 16, 1, 4, 4, False)
+    good = Conv2dDepthwiseDw(3, 3, 1, 1, 1, 1, 1, 1, False, 16, 1, 4, 4, False, True)
     with pytest.raises(ValueError, match="SPLIT"):
         good.launch(dy, x, poisoned(3, 27, dtype=torch.float32), 2, 3, 4, 4, 4, 4, 3)
+    whole_bands = Conv2dDepthwiseDw(3, 3, 1, 1, 1, 1, 1, 1, False, 16, 1, 3, 4, False, False)
+    with pytest.raises(ValueError, match="RAGGED_BANDS: expected True where OH = 4 is not a multiple of ROWS = 3"):
+        whole_bands.launch(dy, x, partial, 2, 3, 4, 4, 4, 4, 1)
+    assert torch.isnan(partial).all()  # nothing written
     with pytest.raises(ValueError, match="rows: expected a multiple of stride_h = 2"):
         Conv2dDepthwiseDx(3, 3, 2, 2, 1, 1, 1, 1, 1, 3, 4).launch(randn(2, 3, 2, 2), randn(3, 1, 3, 3), x,
                                                               2, 3, 4, 4, 2, 2)
@@ -131,3 +136,17 @@ def test_depthwise_gpu_tile_heuristic(planes, rows, cols, row_step, channels):
     assert tile.planes * tile.block_w <= depthwise.LANES
     programs = -(-planes // tile.planes) * bands * -(-cols // tile.block_w)
     assert programs >= 2 * 132 or tile.rows <= 2 * row_step or bands == rows
+
+
+def test_depthwise_dw_whole_bands_build_matches_the_ragged_build():
+    """Where the bands tile OH exactly, the build without the ragged band's copy gives bitwise its partials."""
+    B, C, H, W, OH, OW, split = 2, 3, 8, 6, 8, 6, 2
+    dy, x = randn(B, C, OH, OW), randn(B, C, H, W)
+    partials = []
+    for ragged in (True, False):
+        partial = poisoned(split, dw_partial_size(C, 1, 3, 3, True), dtype=torch.float32)
+        Conv2dDepthwiseDw(3, 3, 1, 1, 1, 1, 1, 1, True, 16, 4, 4, 4, False, ragged).launch(dy, x, partial, B, C, H, W,
+                                                                                           OH, OW, split)
+        partials.append(partial)
+    assert not torch.isnan(partials[1]).any()
+    assert torch.equal(partials[0], partials[1])

@@ -106,7 +106,8 @@ class DepthwiseDw(_Depthwise):
 
     def kernels(self, p, tile):
         taps = pow2_at_least(p.KH * p.KW + 1)  # a column for the bias
-        return [_kernel(p, Conv2dDepthwiseDw, (p.has_bias, taps), tile, _gather_columns(p, tile)),
+        return [_kernel(p, Conv2dDepthwiseDw, (p.has_bias, taps), tile,
+                        _gather_columns(p, tile) + (p.OH % tile.rows != 0,)),
                 reduce_kernel(p, p.has_bias)]
 
     def runner(self, p, tile):

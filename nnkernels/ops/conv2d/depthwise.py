@@ -70,6 +70,9 @@ def conv2d_depthwise_dw_entry(k, a):
         raise ValueError(f"SPLIT: expected at most the {items} work items B*cdiv(OH, ROWS)*cdiv(OW, BLOCK_W), "
                          f"got {a.SPLIT}")
     check_gather_columns(k, a.OW)
+    if not k.ragged_bands and a.OH % k.rows:
+        raise ValueError(f"RAGGED_BANDS: expected True where OH = {a.OH} is not a multiple of ROWS = {k.rows}, "
+                         "got False")
     row = dw_partial_size(a.C, 1, k.kh, k.kw, k.has_bias)
     check_numel("partial", a.partial, a.SPLIT * row, "SPLIT*(C*KH*KW [+ C with HAS_BIAS])")
     return check_grid_3d(cdiv(a.C, k.planes), a.SPLIT, 1)
@@ -277,7 +280,7 @@ def conv2d_depthwise_dw(
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_TAPS: tl.constexpr, PLANES: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_W: tl.constexpr, GATHER_COLUMNS: tl.constexpr,
+    BLOCK_W: tl.constexpr, GATHER_COLUMNS: tl.constexpr, RAGGED_BANDS: tl.constexpr,
 ):
     """Depthwise 2-D convolution weight gradient, split over the work (no atomics).
 
@@ -290,6 +293,7 @@ def conv2d_depthwise_dw(
     (x read as 0 outside the image) and, when HAS_BIAS, partial[s, C*KH*KW + c] = sum of dy[b, c, oh, ow].
     Sums in fp32, each item's reduced into a [PLANES, BLOCK_TAPS] accumulator (BLOCK_TAPS > KH*KW).
     GATHER_COLUMNS (STRIDE_W = 1, OW + (KW-1)*DIL_W <= BLOCK_W <= 32): x rows loaded once (`_row_taps`).
+    RAGGED_BANDS: the last band of a plane may pass OH; False (OH % ROWS == 0) compiles the whole-band case alone.
     """
     c = tl.program_id(0) * PLANES + tl.arange(0, PLANES)
     c_ok = c < C
@@ -306,7 +310,11 @@ def conv2d_depthwise_dw(
         plane = (b * C + c).to(tl.int64)[:, None]
         dy_row_0 = dy + plane * OH * OW + ow[None, :]
         x_row_0 = x + plane * H * W + (ow * STRIDE_W - PAD_W)[None, :]
-        if oh_first + ROWS <= OH:
+        # The band's code is unrolled over rows and taps: a second, ragged copy of it doubles the build.
+        whole_band = True
+        if RAGGED_BANDS:
+            whole_band = oh_first + ROWS <= OH
+        if whole_band:
             acc += _depthwise_dw_band(dy_row_0, x_row_0, oh_first, ow, c_ok, H, W, OH, OW, KH, KW, STRIDE_H,
                                       STRIDE_W, PAD_H, PAD_W, DIL_H, DIL_W, HAS_BIAS, BLOCK_TAPS, PLANES, ROWS, BLOCK_W,
                                       GATHER_COLUMNS, False)
@@ -343,11 +351,11 @@ Conv2dDepthwiseDx = kernel_object(
 Conv2dDepthwiseDw = kernel_object(
     conv2d_depthwise_dw,
     helpers=(_depthwise_dw_band, _where_row, _row_taps, *PARTIAL_ROW_HELPERS),
-    example=_GEOMETRY + (False, 16, 4, 7, 32, True),
+    example=_GEOMETRY + (False, 16, 4, 7, 32, True, True),
     entry=conv2d_depthwise_dw_entry,
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
-    flags=("HAS_BIAS", "GATHER_COLUMNS"),
+    flags=("HAS_BIAS", "GATHER_COLUMNS", "RAGGED_BANDS"),
     num_warps=4,
     num_stages=2,
 )
