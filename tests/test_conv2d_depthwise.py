@@ -37,7 +37,8 @@ def _run_all(case, dtype, tile=(4, 4, 4), split=2, gather=False):
     partial = poisoned(split, dw_partial_size(C, 1, KH, KW, has_bias), dtype=torch.float32)
     taps = 1 << (KH * KW).bit_length()  # more than KH*KW: a column for the bias
     ragged = OH % tile[1] != 0  # both builds: with the ragged band's copy and without
-    Conv2dDepthwiseDw(*geometry, has_bias, taps, *tile, gather, ragged, dtype=dtype).launch(dy, x, partial, *sizes, split)
+    dw_kernel = Conv2dDepthwiseDw(*geometry, has_bias, taps, *tile, gather, ragged, dtype=dtype)
+    dw_kernel.launch(dy, x, partial, *sizes, split)
     dw, dbias = poisoned(C, 1, KH, KW, dtype=dtype), poisoned(C, dtype=dtype)
     Conv2dDwReduce(has_bias, 1, 1, 8, 16, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
                                                               dw.numel(), C)
