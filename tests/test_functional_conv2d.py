@@ -462,3 +462,29 @@ def test_interpreter_demo_shapes_use_one_program_per_kernel():
         forward = ids[0].split("__")
         if DEVICE == "cpu":
             assert forward[-5] == "4096"  # BLOCK_M covers B*OH*OW = 4096 pixels
+
+
+def test_a_slow_first_launch_is_logged_with_its_build(monkeypatch, caplog):
+    """The first launches of a plan's kernels compile them (where no candidate was timed): that wait is the
+    build's too, so a slow one logs its line; a later call of the shape logs nothing."""
+    from nnkernels import launcher
+    from nnkernels.functional import common
+
+    first_launch = launcher.Launcher._checked
+    slept = []
+
+    def slow_first(self, args):
+        if not slept:
+            slept.append(True)
+            time.sleep(0.3)  # stands for a compile
+        return first_launch(self, args)
+
+    monkeypatch.setattr(launcher.Launcher, "_checked", slow_first)
+    monkeypatch.setattr(common, "SLOW_BUILD_S", 0.2)
+    monkeypatch.setenv("NNKERNELS_TUNE", "off")
+    x, w = torch.randn(1, 4, 6, 6), torch.randn(8, 4, 3, 3)
+    with caplog.at_level("INFO", logger="nnkernels"):
+        conv2d(x, w, padding=1)
+        conv2d(x, w, padding=1)
+    lines = [r.getMessage() for r in caplog.records if "to compile and tune" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("nnkernels: conv2d forward of 1x4x6x6: ")

@@ -185,9 +185,10 @@ class PlanCache:
 
 @contextlib.contextmanager
 def building(op: str, step: str, shape):
-    """Held while a plan makes its choices for `step` on its first call (compiling kernels, tuning on the GPU):
-    one lock for all ops, and one log line where that takes longer than SLOW_BUILD_S, at WARNING level the first
-    time in a process (so that a user sees what the wait was), at INFO after."""
+    """Held while a plan makes its choices for `step` on its first call and runs it (compiling kernels, tuning on
+    the GPU, the chosen kernels' first launches): one lock for all ops, and one log line where that takes longer
+    than SLOW_BUILD_S, at WARNING level the first time in a process (so that a user sees what the wait was), at
+    INFO after."""
     global _slow_builds
     began = time.perf_counter()
     with _BUILDING:

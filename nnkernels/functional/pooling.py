@@ -131,7 +131,7 @@ class AvgPool2dPlan:
                 config = tuning.choose(pass_.kind, pass_.key, pass_.candidates, lambda c: runner_of(c)(source),
                                        pass_.decode)
                 self.runners[direction], self.ids[direction] = runner_of(config), [pass_.kernel(config).id]
-        return self.run(direction, source)
+            return self.run(direction, source)  # its first launches compile what no candidate timed
 
 
 def _suggests_channels_last(x):
