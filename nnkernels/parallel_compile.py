@@ -74,8 +74,9 @@ def _compile_avg_pool(shape: AvgPoolShape, part: str, dtype: torch.dtype, device
     it, on random tensors."""
     from .functional.pooling import avg_pool2d
 
-    y = avg_pool2d(_input(shape, dtype, device).requires_grad_(), shape.kernel, shape.stride, shape.padding, shape.ceil_mode,
-                   shape.count_include_pad, shape.divisor or None)
+    x = _input(shape, dtype, device).requires_grad_()
+    y = avg_pool2d(x, shape.kernel, shape.stride, shape.padding, shape.ceil_mode, shape.count_include_pad,
+                   shape.divisor or None)
     if part == "backward":
         y.backward(torch.randn_like(y))
 
