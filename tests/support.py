@@ -63,6 +63,34 @@ def assert_conv2d_matches_float64(y, grads, leaves, dy, options, dtype):
         assert_close(grad, ref, dtype, floor=ref.abs().sum().item() / ref.numel() ** 0.5)
 
 
+def conv_output_sizes(sizes, kernel, stride, padding, dilation):
+    """A convolution's output sizes for input `sizes` (H, W), each as torch computes it:
+    (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1."""
+    return tuple((size + 2 * p - d * (k - 1) - 1) // s + 1
+                 for size, k, s, p, d in zip(sizes, kernel, stride, padding, dilation))
+
+
+def depthwise_conv2d_float64(x, w, bias, dy, stride, padding, dilation):
+    """torch's depthwise convolution (groups = C) of x, w and bias (or None) in float64 on the CPU, and its
+    gradients for dy: (y, dx, dw, dbias), dbias None without a bias."""
+    x64, w64 = x.double().cpu().requires_grad_(), w.double().cpu().requires_grad_()
+    b64 = bias.double().cpu().requires_grad_() if bias is not None else None
+    y64 = F.conv2d(x64, w64, b64, stride, padding, dilation, x.shape[1])
+    y64.backward(dy.double().cpu())
+    return y64, x64.grad, w64.grad, None if b64 is None else b64.grad
+
+
+def reduce_depthwise_dw(partial, split, C, KH, KW, has_bias, dtype):
+    """dw [C, 1, KH, KW] and dbias [C], poisoned, then written by the dw reduce (one tap, 8 split rows and 16
+    positions a program) of the `split` fp32 partial rows a depthwise dw kernel left in `partial`."""
+    from nnkernels.ops.conv2d.partials import Conv2dDwReduce
+
+    dw, dbias = poisoned(C, 1, KH, KW, dtype=dtype), poisoned(C, dtype=dtype)
+    Conv2dDwReduce(has_bias, 1, 1, 8, 16, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
+                                                              dw.numel(), C)
+    return dw, dbias
+
+
 # Relative tolerance of batch norm's fp32 per-channel results (statistics, dweight, dbias), from any input dtype.
 BN_STATS_TOLERANCE = 2e-5
 

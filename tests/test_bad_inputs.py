@@ -196,6 +196,16 @@ def test_launch_on_cpu_tensors_in_a_compiled_process_is_refused():
 
 # ---------------------------------------------------------------- functional ops
 
+def assert_refuses_or_returns(op, args, exception, message, valid_shape):
+    """op(*args.values()) raises `exception` matching `message`; for the valid row (`exception` None) it returns
+    a tensor of `valid_shape`."""
+    if exception is None:
+        assert op(*args.values()).shape == valid_shape
+        return
+    with pytest.raises(exception, match=message):
+        op(*args.values())
+
+
 def conv_args(**changes):
     args = dict(x=randn(2, 6, 5, 5), weight=randn(4, 3, 3, 3), bias=randn(4), stride=1, padding=1, dilation=1,
                 groups=2)
@@ -243,12 +253,7 @@ CONV_ROWS = [
 
 @pytest.mark.parametrize("changes, exception, message", [pytest.param(*row[1:], id=row[0]) for row in CONV_ROWS])
 def test_conv2d_refuses(changes, exception, message):
-    args = conv_args(**changes)
-    if exception is None:
-        assert conv2d(*args.values()).shape == (2, 4, 5, 5)
-        return
-    with pytest.raises(exception, match=message):
-        conv2d(*args.values())
+    assert_refuses_or_returns(conv2d, conv_args(**changes), exception, message, (2, 4, 5, 5))
 
 
 POOL_ROWS = [
@@ -284,11 +289,7 @@ def test_avg_pool2d_refuses(changes, exception, message):
     args = dict(x=randn(2, 3, 6, 6), kernel_size=2, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None)
     args.update(changes)
-    if exception is None:
-        assert avg_pool2d(*args.values()).shape == (2, 3, 3, 3)
-        return
-    with pytest.raises(exception, match=message):
-        avg_pool2d(*args.values())
+    assert_refuses_or_returns(avg_pool2d, args, exception, message, (2, 3, 3, 3))
 
 
 BN_ROWS = [

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from nnkernels.ops.conv2d.depthwise import Conv2dDepthwiseDw, Conv2dDepthwiseDx, Conv2dDepthwiseForward
-from nnkernels.ops.conv2d.partials import Conv2dDwReduce, dw_partial_size
-from support import DTYPES, GPU, assert_close, gpu, poisoned, randn
+from nnkernels.ops.conv2d.partials import dw_partial_size
+from support import (DTYPES, GPU, assert_close, conv_output_sizes, depthwise_conv2d_float64, gpu, poisoned, randn,
+                     reduce_depthwise_dw)
 
 # (B, C, H, W, KH, KW, stride, pad, dilation, bias)
 CASES = [
@@ -23,8 +24,7 @@ def _run_all(case, dtype, tile=(4, 4, 4), split=2, gather=False):
     """(output, float64 reference, `assert_close` floor) for the forward, dx, dw and dbias of `case`,
     with `tile` = (PLANES, ROWS, BLOCK_W) for every kernel and GATHER_COLUMNS = `gather` for the forward and dw."""
     B, C, H, W, KH, KW, stride, pad, dil, has_bias = case
-    OH = (H + 2 * pad[0] - dil[0] * (KH - 1) - 1) // stride[0] + 1
-    OW = (W + 2 * pad[1] - dil[1] * (KW - 1) - 1) // stride[1] + 1
+    OH, OW = conv_output_sizes((H, W), (KH, KW), stride, pad, dil)
     x, w, dy = randn(B, C, H, W, dtype=dtype), randn(C, 1, KH, KW, dtype=dtype), randn(B, C, OH, OW, dtype=dtype)
     bias = randn(C, dtype=dtype) if has_bias else None
     geometry = (KH, KW, *stride, *pad, *dil)
@@ -39,17 +39,12 @@ def _run_all(case, dtype, tile=(4, 4, 4), split=2, gather=False):
     ragged = OH % tile[1] != 0  # both builds: with the ragged band's copy and without
     dw_kernel = Conv2dDepthwiseDw(*geometry, has_bias, taps, *tile, gather, ragged, dtype=dtype)
     dw_kernel.launch(dy, x, partial, *sizes, split)
-    dw, dbias = poisoned(C, 1, KH, KW, dtype=dtype), poisoned(C, dtype=dtype)
-    Conv2dDwReduce(has_bias, 1, 1, 8, 16, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
-                                                              dw.numel(), C)
-    x64, w64 = x.double().cpu().requires_grad_(), w.double().cpu().requires_grad_()
-    b64 = bias.double().cpu().requires_grad_() if has_bias else None
-    y64 = torch.nn.functional.conv2d(x64, w64, b64, stride, pad, dil, C)
-    y64.backward(dy.double().cpu())
+    dw, dbias = reduce_depthwise_dw(partial, split, C, KH, KW, has_bias, dtype)
+    y64, dx64, dw64, dbias64 = depthwise_conv2d_float64(x, w, bias, dy, stride, pad, dil)
     # One channel's bias gradient is a single sum of B*OH*OW random terms: measured against their magnitudes.
     dbias_floor = dy.double().abs().sum((0, 2, 3)).norm().item()
-    pairs = [(y, y64, 0.0), (dx, x64.grad, 0.0), (dw, w64.grad, 0.0)]
-    return pairs + ([(dbias, b64.grad, dbias_floor)] if has_bias else [])
+    pairs = [(y, y64, 0.0), (dx, dx64, 0.0), (dw, dw64, 0.0)]
+    return pairs + ([(dbias, dbias64, dbias_floor)] if has_bias else [])
 
 
 @pytest.mark.parametrize("case", CASES)

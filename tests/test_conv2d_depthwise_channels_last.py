@@ -12,8 +12,9 @@ from nnkernels.functional.common import last_kernels
 from nnkernels.functional.conv import conv2d, kernels_for
 from nnkernels.ops.common.host_math import channel_alignment
 from nnkernels.ops.conv2d.depthwise_cl import Conv2dDepthwiseClDw, Conv2dDepthwiseClDx, Conv2dDepthwiseClForward
-from nnkernels.ops.conv2d.partials import Conv2dDwReduce, dw_partial_size
-from support import DTYPES, GPU, assert_close, assert_conv2d_matches_float64, dtype_id, force_choice, poisoned, randn
+from nnkernels.ops.conv2d.partials import dw_partial_size
+from support import (DTYPES, GPU, assert_close, assert_conv2d_matches_float64, conv_output_sizes,
+                     depthwise_conv2d_float64, dtype_id, force_choice, poisoned, randn, reduce_depthwise_dw)
 
 CL = torch.channels_last
 
@@ -36,8 +37,7 @@ def _run_all(case, dtype, block_p=16, block_c=8, split=3):
     kernel launched directly on channels-last tensors with tile BLOCK_P x BLOCK_C, dw in `split` slices and the
     channels' vector alignment as the plans set it (`channel_alignment`: 1 to 8)."""
     B, C, H, W, KH, KW, stride, pad, dil, has_bias = case
-    OH = (H + 2 * pad[0] - dil[0] * (KH - 1) - 1) // stride[0] + 1
-    OW = (W + 2 * pad[1] - dil[1] * (KW - 1) - 1) // stride[1] + 1
+    OH, OW = conv_output_sizes((H, W), (KH, KW), stride, pad, dil)
     x = randn(B, C, H, W, dtype=dtype).contiguous(memory_format=CL)
     dy = randn(B, C, OH, OW, dtype=dtype).contiguous(memory_format=CL)
     w = randn(C, 1, KH, KW, dtype=dtype)
@@ -53,16 +53,11 @@ def _run_all(case, dtype, block_p=16, block_c=8, split=3):
     partial = poisoned(split, dw_partial_size(C, 1, KH, KW, has_bias))
     Conv2dDepthwiseClDw(*geometry, has_bias, block_p, block_c, c_align, dtype=dtype).launch(
         _stored(dy), _stored(x), partial, *sizes, split)
-    dw, dbias = poisoned(C, 1, KH, KW, dtype=dtype), poisoned(C, dtype=dtype)
-    Conv2dDwReduce(has_bias, 1, 1, 8, 16, dtype=dtype).launch(partial, dw, dbias if has_bias else dw, split,
-                                                              dw.numel(), C)
-    x64, w64 = x.double().cpu().requires_grad_(), w.double().cpu().requires_grad_()
-    b64 = bias.double().cpu().requires_grad_() if has_bias else None
-    y64 = torch.nn.functional.conv2d(x64, w64, b64, stride, pad, dil, C)
-    y64.backward(dy.double().cpu())
+    dw, dbias = reduce_depthwise_dw(partial, split, C, KH, KW, has_bias, dtype)
+    y64, dx64, dw64, dbias64 = depthwise_conv2d_float64(x, w, bias, dy, stride, pad, dil)
     floor = dy.double().abs().sum((0, 2, 3)).norm().item()  # one channel's sums of many terms may cancel
-    pairs = [(y, y64, 0.0), (dx, x64.grad, 0.0), (dw, w64.grad, floor)]
-    return pairs + ([(dbias, b64.grad, floor)] if has_bias else [])
+    pairs = [(y, y64, 0.0), (dx, dx64, 0.0), (dw, dw64, floor)]
+    return pairs + ([(dbias, dbias64, floor)] if has_bias else [])
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -12,9 +12,7 @@ from nnkernels.functional.conv_algorithms import dx_pass, forward_pass
 from nnkernels.functional.conv_algorithms.tma import tma_dx_candidates
 from nnkernels.functional.conv_problem import Problem
 from nnkernels.ops.conv2d.tma_dx import Conv2dTmaDx
-from support import DEVICE, DTYPES, GPU, assert_close, dtype_id, poisoned, randn
-
-TF32_TOLERANCE = 2e-3  # 10-bit mantissa products (on the GPU; the interpreter multiplies in fp32)
+from support import CONV_TF32_TOLERANCE, DEVICE, DTYPES, GPU, assert_close, conv_output_sizes, dtype_id, poisoned, randn
 
 # (B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dilation, box (BOX_B, BOX_H, BOX_W))
 CASES = [
@@ -29,8 +27,7 @@ CASES = [
 def _dx(case, dtype, tf32=True, blocks=(16, 16)):
     """(dx from Conv2dTmaDx as NCHW, torch's float64 dx)."""
     B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dil, box = case
-    OH, OW = ((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
-              zip((H, W), (KH, KW), stride, pad, dil))
+    OH, OW = conv_output_sizes((H, W), (KH, KW), stride, pad, dil)
     dy, w = randn(B, C_OUT, OH, OW, dtype=dtype), randn(C_OUT, C_IN, KH, KW, dtype=dtype)
     dx = poisoned(B, H, W, C_IN, dtype=dtype)
     kernel = Conv2dTmaDx(KH, KW, *stride, *pad, *dil, tf32, *box, *blocks, dtype=dtype)
@@ -52,7 +49,7 @@ def test_tma_dx_with_tf32_and_one_tile_of_channels():
     """TF32 on (on a GPU one TF32 product a slice; the interpreter multiplies in fp32) and channel tiles that
     hold all of C_IN and C_OUT."""
     dx, ref = _dx(CASES[0].values[0], torch.float32, tf32=True, blocks=(32, 32))
-    assert_close(dx, ref, torch.float32, tol=TF32_TOLERANCE)
+    assert_close(dx, ref, torch.float32, tol=CONV_TF32_TOLERANCE)
 
 
 def _launch_args(C_IN=16, C_OUT=32, w_numel=None):

@@ -11,9 +11,8 @@ import torch
 
 from nnkernels.ops.conv2d.partials import Conv2dDwReduce
 from nnkernels.ops.conv2d.tma_forward import Conv2dTmaForward
-from support import DTYPES, TOLERANCE, assert_close, dtype_id, gpu, poisoned, randn
-
-TF32_TOLERANCE = 2e-3  # 10-bit mantissa products (on the GPU; the interpreter multiplies in fp32)
+from support import (CONV_TF32_TOLERANCE, DTYPES, TOLERANCE, assert_close, conv_output_sizes, dtype_id, gpu, poisoned,
+                     randn)
 
 # (B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dilation, box (BOX_B, BOX_H, BOX_W))
 CASES = [
@@ -32,8 +31,7 @@ CASES = [
 def _forward(case, dtype, *, bias=True, split=1, flip=False, tf32=False, blocks=(16, 16), y_nhwc=False):
     """(y from Conv2dTmaForward [+ the ordered split sum], NHWC storage with `y_nhwc`; torch's float64 y)."""
     B, C_IN, C_OUT, H, W, KH, KW, stride, pad, dil, box = case
-    OH, OW = ((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
-              zip((H, W), (KH, KW), stride, pad, dil))
+    OH, OW = conv_output_sizes((H, W), (KH, KW), stride, pad, dil)
     x, w = randn(B, C_IN, H, W, dtype=dtype), randn(C_OUT, C_IN, KH, KW, dtype=dtype)
     b = randn(C_OUT, dtype=dtype) if bias else None
     x_cl = x.permute(0, 2, 3, 1).contiguous()
@@ -89,7 +87,7 @@ def test_tma_forward_tf32_and_wide_tiles_on_the_gpu():
     boxes, the GPU configs' shapes, with K slices of 32 fp32 channels."""
     case = (4, 64, 40, 14, 14, 3, 3, (1, 1), (1, 1), (1, 1), (1, 4, 16))
     y, ref = _forward(case, torch.float32, tf32=True, blocks=(128, 32))
-    assert_close(y, ref, torch.float32, tol=TF32_TOLERANCE)
+    assert_close(y, ref, torch.float32, tol=CONV_TF32_TOLERANCE)
     y, ref = _forward(case, torch.float32, tf32=False, blocks=(128, 32), split=3)
     assert_close(y, ref, torch.float32, tol=TOLERANCE[torch.float32])
 

@@ -15,7 +15,7 @@ from nnkernels import machine, tuning
 from nnkernels.functional.common import KERNELS
 from nnkernels.functional.conv import conv2d, kernels_for
 from nnkernels.kernel import KernelObject
-from support import DEVICE, INTERPRETED, TOLERANCE, assert_close, gpu, randn
+from support import CONV_TF32_TOLERANCE, DEVICE, INTERPRETED, TOLERANCE, assert_close, gpu, randn
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,6 @@ class Tile:
     block_m: int
     fails: bool = False
 
-TF32_TOLERANCE = 2e-3
 
 # (B, C_IN, C_OUT, H, W, K, stride, padding, dilation, groups, bias)
 CASES = [
@@ -80,7 +79,7 @@ def test_conv2d_16bit(dtype):
 @pytest.mark.parametrize("case", CASES)
 def test_conv2d_tf32_follows_cudnn_flag(case):
     with torch.backends.cudnn.flags(allow_tf32=True):
-        _compare(case, torch.float32, TF32_TOLERANCE)
+        _compare(case, torch.float32, CONV_TF32_TOLERANCE)
 
 
 @gpu
@@ -107,7 +106,7 @@ def test_no_tuning_during_graph_capture(tmp_path, monkeypatch):
     with torch.cuda.graph(graph):
         y = conv2d(x, w, None, 1, 1)
     graph.replay()
-    assert_close(y, F.conv2d(x.double(), w.double(), None, 1, 1), tol=TF32_TOLERANCE)
+    assert_close(y, F.conv2d(x.double(), w.double(), None, 1, 1), tol=CONV_TF32_TOLERANCE)
     assert not (tmp_path / "tuning.json").exists()
 
 

@@ -12,6 +12,17 @@ from nnkernels.functional import batchnorm as bn
 STATS_TOL = 2e-5
 
 
+def assert_backward_matches(y, ref, leaves, ref_leaves):
+    """y and its float64 reference `ref` backward through the same random dy (y's shape and dtype): the input's
+    gradient (the first leaf) within its dtype's tolerance, batch norm's fp32 dweight and dbias within STATS_TOL."""
+    dy = randn(*y.shape, dtype=y.dtype)
+    y.backward(dy)
+    ref.backward(dy.double())
+    assert_close(leaves[0].grad, ref_leaves[0].grad)
+    for leaf, ref_leaf in zip(leaves[1:], ref_leaves[1:]):
+        assert_close(leaf.grad, ref_leaf.grad, tol=STATS_TOL)
+
+
 # ---------------------------------------------------------------- avg_pool2d
 
 @pytest.mark.parametrize("args, kwargs", [
@@ -24,10 +35,7 @@ def test_avg_pool2d_values_and_gradient(args, kwargs):
     x64 = x.detach().double().requires_grad_()
     y, ref = pool.avg_pool2d(x, *args, **kwargs), F.avg_pool2d(x64, *args, **kwargs)
     assert_close(y, ref)
-    dy = randn(*ref.shape)
-    y.backward(dy)
-    ref.backward(dy.double())
-    assert_close(x.grad, x64.grad)
+    assert_backward_matches(y, ref, (x,), (x64,))
     kernels = last_kernels("avg_pool2d")
     assert kernels["forward"][0].startswith(("avg_pool2d_gather_forward", "avg_pool2d_lanes_forward"))
     assert kernels["backward"][0].startswith(("avg_pool2d_gather_backward", "avg_pool2d_lanes_backward"))
@@ -83,12 +91,7 @@ def test_batch_norm_training_updates_running_stats_like_pytorch(dtype, momentum)
     assert_close(rm, rm64, tol=STATS_TOL)
     assert_close(rv, rv64, tol=STATS_TOL)
     assert_close(y, ref, dtype)
-    dy = randn(*x.shape, dtype=dtype)
-    y.backward(dy)
-    ref.backward(dy.double())
-    assert_close(x.grad, x64.grad, dtype)
-    assert_close(weight.grad, w64.grad, tol=STATS_TOL)
-    assert_close(bias.grad, b64.grad, tol=STATS_TOL)
+    assert_backward_matches(y, ref, (x, weight, bias), (x64, w64, b64))
 
 
 def test_batch_norm_fp32_running_stats_match_pytorch_fp32():
@@ -108,10 +111,7 @@ def test_batch_norm_training_without_running_stats_or_affine():
     x64 = x.detach().double().requires_grad_()
     ref = F.batch_norm(x64, None, None, training=True)
     assert_close(y, ref)
-    dy = randn(5, 3, 4)
-    y.backward(dy)
-    ref.backward(dy.double())
-    assert_close(x.grad, x64.grad)
+    assert_backward_matches(y, ref, (x,), (x64,))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -126,12 +126,7 @@ def test_batch_norm_eval_uses_running_stats_and_leaves_them(dtype):
     ref = F.batch_norm(x64, rm64, rv64, w64, b64, training=False)
     assert_close(y, ref, dtype)
     assert torch.equal(rm, before[0]) and torch.equal(rv, before[1])
-    dy = randn(*x.shape, dtype=dtype)
-    y.backward(dy)
-    ref.backward(dy.double())
-    assert_close(x.grad, x64.grad, dtype)
-    assert_close(weight.grad, w64.grad, tol=STATS_TOL)
-    assert_close(bias.grad, b64.grad, tol=STATS_TOL)
+    assert_backward_matches(y, ref, (x, weight, bias), (x64, w64, b64))
 
 
 def test_batch_of_one_value_per_channel_refuses_training_like_pytorch():

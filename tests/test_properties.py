@@ -90,6 +90,16 @@ def check_grads(inputs, outputs_fn, ref_fn, dtype, tol, generator, grad_floors=N
             assert_close(got.grad, want.grad, tol=tol, floor=floor)
 
 
+def check_conv_grads(op, torch_op, x, w, b, options, dtype, generator):
+    """`check_grads` of op(x, w, b, **options) against torch_op's in float64 at the convolution tolerance, the
+    output judged on the scale of its terms (torch_op of the magnitudes)."""
+    def reference(x, w, b):
+        return torch_op(x, w, b, **options)
+
+    check_grads((x, w, b), lambda x, w, b: op(x, w, b, **options), reference, dtype, conv_tolerance(dtype), generator,
+                magnitudes=reference)
+
+
 @st.composite
 def conv_problems(draw):
     # The op's paths: depthwise; 1x1 stride-1 unpadded one-group (pointwise); channels-last implicit GEMM
@@ -136,12 +146,7 @@ def test_conv2d_matches_pytorch(p):
     w = random_tensor(generator, (p["c_out"], p["c_in"] // p["groups"], *p["kernel"]), dtype)
     b = random_tensor(generator, (p["c_out"],), dtype) if p["bias"] else None
     options = dict(stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p["groups"])
-    check_grads(
-        (x, w, b),
-        lambda x, w, b: conv2d(x, w, b, **options),
-        lambda x, w, b: F.conv2d(x, w, b, **options),
-        dtype, conv_tolerance(dtype), generator, magnitudes=lambda x, w, b: F.conv2d(x, w, b, **options),
-    )
+    check_conv_grads(conv2d, F.conv2d, x, w, b, options, dtype, generator)
 
 
 @st.composite
@@ -178,12 +183,7 @@ def test_channels_last_conv2d_matches_pytorch(p):
     torch_y.backward(dy.double())
     for mine, torchs in ((y, torch_y), (ours.grad, theirs.grad)):
         assert mine.stride() == torchs.stride(), (mine.stride(), torchs.stride())
-    check_grads(
-        (x, w, b),
-        lambda x, w, b: conv2d(x, w, b, **options),
-        lambda x, w, b: F.conv2d(x, w, b, **options),
-        dtype, conv_tolerance(dtype), generator, magnitudes=lambda x, w, b: F.conv2d(x, w, b, **options),
-    )
+    check_conv_grads(conv2d, F.conv2d, x, w, b, options, dtype, generator)
 
 
 @st.composite
@@ -213,13 +213,9 @@ def test_conv_transpose2d_matches_pytorch(p):
     x = random_tensor(generator, batch + (p["c_in"], *p["size"]), dtype)
     w = random_tensor(generator, (p["c_in"], p["c_out"] // p["groups"], *p["kernel"]), dtype)
     b = random_tensor(generator, (p["c_out"],), dtype) if p["bias"] else None
-    options = (p["stride"], p["padding"], p["output_padding"], p["groups"], p["dilation"])
-    check_grads(
-        (x, w, b),
-        lambda x, w, b: conv_transpose2d(x, w, b, *options),
-        lambda x, w, b: F.conv_transpose2d(x, w, b, *options),
-        dtype, conv_tolerance(dtype), generator, magnitudes=lambda x, w, b: F.conv_transpose2d(x, w, b, *options),
-    )
+    options = dict(stride=p["stride"], padding=p["padding"], output_padding=p["output_padding"], groups=p["groups"],
+                   dilation=p["dilation"])
+    check_conv_grads(conv_transpose2d, F.conv_transpose2d, x, w, b, options, dtype, generator)
 
 
 @st.composite
