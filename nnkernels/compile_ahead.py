@@ -4,7 +4,8 @@ compile its kernels one after another as its first step reaches them.
 `convert` puts a `CompileAhead` forward pre-hook on the model it returns. At the model's first eager forward on a
 GPU it starts what `warmup` starts: the kernels of every convolution, batch norm and average pooling of one forward
 and backward (their shapes from a pass on the meta device) compiling in background processes (each layer's forward
-in the step's order, then the backwards in reverse), while the step runs and loads what they have built. At the
+in the step's order, then the backwards in reverse), while the step runs and loads what they have built (a layer
+the step reaches first it takes from their queue, one a worker is compiling it waits for: `compile_jobs`). At the
 model's next forward, the first step being done, or at the process's exit, whichever comes first, it stops them. A
 set of layers once compiled whole leaves a marker in Triton's cache directory (keyed by the shapes, dtype, GPU,
 versions, kernels' code and the choices this machine's tuning remembers for the convolutions), and a later process

@@ -10,16 +10,17 @@ tensors of it (per pass the choice tuning remembers, the machine's cache or the 
 else the candidates quick tuning would time); for a batch norm or a pooling, the functional op's forward (and
 backward) on such tensors, where tuning runs the choices the parent's tuning would time (`tuning.compile_for`).
 `start_precompile` does it in the background: `warmup` runs its step meanwhile and stops the workers when the
-step is done. Workers are new interpreters started with `-m`, not multiprocessing's spawned children, which would
+step is done, and the step's first calls claim the jobs they reach (`compile_jobs`: a queued one leaves the queue,
+one a worker holds is waited for). Workers are new interpreters started with `-m`, not multiprocessing's spawned children, which would
 first re-run the user's script (its `__main__`); they share the parent's environment, so its Triton cache and
 interpreter mode.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import pickle
-import queue
 import subprocess
 import sys
 import tempfile
@@ -27,11 +28,12 @@ import threading
 import traceback
 import torch
 
-from . import tuning
+from . import compile_jobs, tuning
 from .kernel import compile_only
 from .layer_calls import AvgPoolShape, BatchNormShape, ConvShape
 
 WORKER_RESTARTS = 2
+CLAIM_WAIT_S = 300.0  # the longest this process waits on a worker's job before compiling it too (a hung worker)
 
 
 def _input(shape, dtype, device):
@@ -100,17 +102,20 @@ def job_order(shapes) -> list:
 class Precompiling:
     """Workers compiling a list of layer shapes in the background (`start_precompile`): `wait()` until they
     have done all (raising the first worker's error), or `stop()` them wherever they are. Each shape is two jobs,
-    its forward's kernels and its backward's, taken in `job_order`."""
+    its forward's kernels and its backward's, taken in `job_order`, but for those this process `claim`s first."""
 
     def __init__(self, shapes, header, jobs):
-        self.shapes, self._pending, self._children, self._stopped = shapes, queue.SimpleQueue(), [], False
+        self.shapes, self._children, self._stopped = shapes, [], False
+        self._pending = collections.deque(job_order(shapes))
+        self._held: set = set()  # the jobs a worker is compiling now
         self._lock = threading.Lock()
+        self._answers = threading.Condition()  # guards _pending and _held; notified as each job is answered
         self.failures: list[str] = []
         self.compiled: list = []  # the (shape, part) jobs answered without error
-        for job in job_order(shapes):
-            self._pending.put(job)
+        self.claimed: list = []  # the jobs this process took from the queue to compile itself (`claim`)
         self._threads = [threading.Thread(target=self._work, args=(header,), daemon=True)
                          for _ in range(max(1, min(jobs, 2 * len(shapes))))]
+        compile_jobs.add(self)
         for thread in self._threads:
             thread.start()
 
@@ -120,6 +125,26 @@ class Precompiling:
         for _ in range(1 + WORKER_RESTARTS):
             if not self._serve(header):
                 return
+
+    def _take(self):
+        """The next queued job, now held by the calling thread's worker; None when none is left."""
+        with self._answers:
+            if self._stopped or not self._pending:
+                return None
+            job = self._pending.popleft()
+            self._held.add(job)
+            return job
+
+    def claim(self, job, timeout: float = CLAIM_WAIT_S):
+        """Where this process is about to build `job` itself: a queued job leaves the queue (no worker compiles it),
+        and a job a worker holds is waited for until answered, the workers stopped or `timeout` seconds passed (then
+        this process compiles it as well). Any other job: nothing."""
+        with self._answers:
+            if job in self._pending:
+                self._pending.remove(job)
+                self.claimed.append(job)
+                return
+            self._answers.wait_for(lambda: job not in self._held or self._stopped, timeout)
 
     def _serve(self, header) -> bool:
         """One worker process's life: whether it died before the jobs ran out."""
@@ -135,10 +160,9 @@ class Precompiling:
             job = None
             try:
                 pickle.dump(header, child.stdin)
-                while not self._stopped:
-                    try:
-                        job = self._pending.get_nowait()
-                    except queue.Empty:
+                while True:
+                    job = self._take()
+                    if job is None:
                         return False
                     pickle.dump(job, child.stdin)
                     child.stdin.flush()
@@ -166,6 +190,9 @@ class Precompiling:
             shape, part = job
             what = "the convolution " if isinstance(shape, ConvShape) else ""
             self.failures.append(f"precompiling the {part} of {what}{shape.name} failed ({reason}):\n{error}")
+        with self._answers:
+            self._held.discard(job)
+            self._answers.notify_all()
 
     def finished(self) -> bool:
         """Whether every job was answered (compiled, or failed: see `failures`) and the workers have ended."""
@@ -176,6 +203,7 @@ class Precompiling:
         its worker's output."""
         for thread in self._threads:
             thread.join()
+        compile_jobs.remove(self)
         if self.failures:
             raise RuntimeError(self.failures[0])
         return len(self.shapes)
@@ -187,6 +215,9 @@ class Precompiling:
             for child in self._children:
                 with contextlib.suppress(OSError):
                     child.kill()
+        with self._answers:  # a claim waiting on a killed worker's job returns: this process compiles it
+            self._answers.notify_all()
+        compile_jobs.remove(self)
         for thread in self._threads:
             thread.join()
 

@@ -228,3 +228,64 @@ def test_a_worker_that_dies_is_replaced_and_the_other_shapes_still_compile():
         compiling.wait()
     # a forward and a backward job per shape, the killed worker's job lost
     assert len(compiling.failures) == 1 and len(set(compiling.compiled)) == 2 * len(shapes) - 1
+
+
+def test_a_job_this_process_claims_leaves_the_queue():
+    """The step's own first call takes a queued job: no worker compiles it later, beside or after the step."""
+    from nnkernels.layer_calls import ConvShape
+    from nnkernels.parallel_compile import job_order, start_precompile
+
+    shapes = [ConvShape((1, 4, 6, 6 + i), (8, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, False) for i in range(2)]
+    compiling = start_precompile(shapes, torch.float32, jobs=1, device=DEVICE)
+    last = job_order(shapes)[-1]
+    compiling.claim(last)
+    assert compiling.wait() == 2
+    assert compiling.claimed == [last] and last not in compiling.compiled
+    assert sorted(map(repr, compiling.compiled)) == sorted(map(repr, job_order(shapes)[:-1]))
+
+
+def test_a_claim_waits_for_the_job_a_worker_holds():
+    """A job a worker is compiling is waited for, not compiled a second time beside it."""
+    import time
+
+    from nnkernels.layer_calls import ConvShape
+    from nnkernels.parallel_compile import job_order, start_precompile
+
+    shapes = [ConvShape((1, 4, 6, 6), (8, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, False)]
+    compiling = start_precompile(shapes, torch.float32, jobs=1, device=DEVICE)
+    first = job_order(shapes)[0]
+    while first not in compiling._held:
+        time.sleep(0.01)
+    compiling.claim(first)
+    assert first in compiling.compiled and compiling.claimed == []
+    compiling.stop()
+
+
+def test_a_claim_on_stopped_workers_returns_at_once():
+    from nnkernels.layer_calls import ConvShape
+    from nnkernels.parallel_compile import job_order, start_precompile
+
+    shapes = [ConvShape((1, 4, 6, 6), (8, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, False)]
+    compiling = start_precompile(shapes, torch.float32, jobs=1, device=DEVICE)
+    compiling.stop()
+    compiling.claim(job_order(shapes)[0], timeout=60)  # held by a killed worker, or never taken: no wait either way
+
+
+def test_the_steps_first_calls_claim_their_layers_jobs(monkeypatch):
+    """Every job of the step (the convolution's, the batch norm's, the pooling's) is compiled once: by a worker, or
+    by the step that claimed it first. The layer calls' jobs are the ones the meta pass queued."""
+    from nnkernels import parallel_compile, step_warmup
+
+    started, real_start = [], parallel_compile.start_precompile
+
+    def start(*args, **kwargs):
+        started.append(real_start(*args, **kwargs))
+        return started[-1]
+
+    common.clear_plans()
+    monkeypatch.setattr(step_warmup, "INTERPRETED", False)
+    monkeypatch.setattr(parallel_compile, "start_precompile", start)
+    warmup(_model(), randn(2, 3, 8, 8), progress=False, jobs=2)
+    compiled, claimed = started[0].compiled, started[0].claimed
+    assert not set(compiled) & set(claimed)
+    assert set(compiled) | set(claimed) == set(parallel_compile.job_order(started[0].shapes))

@@ -27,6 +27,7 @@ import torch
 from torch._prims_common import suggest_memory_format
 
 from .. import machine
+from ..layer_calls import BatchNormShape
 from . import batchnorm_algorithms as nchw_passes
 from . import batchnorm_nhwc as nhwc_passes
 from .batchnorm_algorithms import F32, BatchNormProblem
@@ -136,12 +137,23 @@ class BatchNormPlan:
         record("batch_norm", step, self.ids[step])
         return runner(*args)
 
+    def _layer_jobs(self, step):
+        """The background compile jobs (`compile_jobs`) whose kernels `step` builds: a layer call's forward or
+        backward."""
+        part = "backward" if step.endswith("backward") else "forward"
+        return [(BatchNormShape(tuple(self.problem.shape), self.nhwc, step.startswith("train"), running), part)
+                for running in _RUNNING_OF_STEP.get(step, (False,))]
+
     def _first(self, step, args):
-        with building("batch_norm", step, self.problem.shape):
+        with building("batch_norm", step, self.problem.shape, self._layer_jobs(step)):
             if step not in self.runners:
                 problem = self.nchw_problem if step == "eval_backward" else self.problem
                 self.runners[step], self.ids[step] = _tuned(problem, step, args)
             return self.run(step, *args)  # its first launches compile what no candidate timed
+
+
+# Whether a layer call whose plan runs the training step updates running statistics; both for the backward.
+_RUNNING_OF_STEP = {"train_forward": (False,), "train_forward_update": (True,), "train_backward": (True, False)}
 
 
 def _steps(passes):

@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from .. import compile_jobs
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # 16-byte alignment of every tensor a plan receives: what Triton specialised its first launch on.
 ALIGNMENT = 16
@@ -184,14 +186,15 @@ class PlanCache:
 
 
 @contextlib.contextmanager
-def building(op: str, step: str, shape):
+def building(op: str, step: str, shape, jobs=()):
     """Held while a plan makes its choices for `step` on its first call and runs it (compiling kernels, tuning on
     the GPU, the chosen kernels' first launches): one lock for all ops, and one log line where that takes longer
     than SLOW_BUILD_S, at WARNING level the first time in a process (so that a user sees what the wait was), at
-    INFO after."""
+    INFO after. `jobs`: the (layer shape, part) jobs of background compiles this build does (`compile_jobs`)."""
     global _slow_builds
     began = time.perf_counter()
     with _BUILDING:
+        compile_jobs.claim(*jobs)
         yield
     took = time.perf_counter() - began
     if took > SLOW_BUILD_S:

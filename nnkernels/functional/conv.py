@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from .. import machine
+from ..layer_calls import ConvShape
 from .common import (FLOAT_DTYPES, OPS, ArgumentError, PlanCache, aligned, building, direct_apply, elsewhere,
                      operator, record, register_autograd, register_fake, register_kernels)
 from .conv_algorithms import dw_pass, dx_pass, forward_pass
@@ -200,6 +201,8 @@ class Conv2dPlan:
                                            channels_last=channels_last, weight_channels_last=weight_channels_last)
         # A channels-last weight the forward reads as it lies (no copy); the backward's dx takes it NCHW.
         self.weight_nhwc = self.problem(has_bias).w_nhwc
+        self.layer_call = ConvShape(tuple(x_shape), tuple(w_shape), tuple(stride), tuple(padding), tuple(dilation),
+                                    groups, has_bias, channels_last)  # the job that compiles ahead for this call
         self._forward = None
         self._forward_ids = None
         self._backward = {}
@@ -241,7 +244,7 @@ class Conv2dPlan:
         return run(x, weight, bias)
 
     def _first_forward(self, x, weight, bias):
-        with building("conv2d", "forward", self.x_shape):
+        with building("conv2d", "forward", self.x_shape, [(self.layer_call, "forward")]):
             if self._forward is None:
                 _, self._forward, self._forward_ids = _tuned(forward_pass(self.problem(self.has_bias)),
                                                              lambda run: run(x, weight, bias))
@@ -280,7 +283,7 @@ class Conv2dPlan:
         return conv2d_grads(dy, x, weight, *self.args, needs)
 
     def _first_backward(self, dy, x, weight, needs):
-        with building("conv2d", "backward", self.x_shape):
+        with building("conv2d", "backward", self.x_shape, [(self.layer_call, "backward")]):
             if needs not in self._backward:
                 self._backward[needs] = _backward_runner(self.problem(needs[2]), needs, dy, x, weight)
             return self.backward(dy, x, weight, needs)  # its first launches compile what no candidate timed

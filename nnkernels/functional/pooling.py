@@ -15,6 +15,7 @@ from torch._prims_common import suggest_memory_format
 
 from .. import tuning
 from .. import machine
+from ..layer_calls import AvgPoolShape
 from ..ops.avg_pool2d.gather import pooled_size
 from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, direct_apply, elsewhere, operator,
                      record, register_autograd, register_fake, register_kernels)
@@ -88,6 +89,8 @@ class AvgPool2dPlan:
         self.x_shape, self.y_shape, self.device = tuple(shape), (B, C, OH, OW), device
         self.window = (kernel, stride, padding, ceil_mode, count_include_pad, divisor)
         self.channels_last = channels_last
+        self.layer_call = AvgPoolShape(self.x_shape, tuple(kernel), tuple(stride), tuple(padding), ceil_mode,
+                                       count_include_pad, divisor or 0, channels_last)  # its compile-ahead job
         self.runs_kernels = B * C * OH * OW > 0 and device.type != "meta"
         on = machine.machine_of(device)
         window = (kernel, stride, padding, count_include_pad, divisor)
@@ -119,7 +122,7 @@ class AvgPool2dPlan:
         return runner(source)
 
     def _first(self, direction, source):
-        with building("avg_pool2d", direction, self.x_shape):
+        with building("avg_pool2d", direction, self.x_shape, [(self.layer_call, direction)]):
             if direction not in self.runners:
                 pass_, out_shape, runners = self.passes[direction], self.out_shapes[direction], {}
 
