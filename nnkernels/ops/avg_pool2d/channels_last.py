@@ -30,6 +30,16 @@ def avg_pool2d_cl_entry(k, a):
 
 
 @triton.jit
+def pixel_tile(B, C, rows, cols, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, C_ALIGN: tl.constexpr):
+    """Program (i, j)'s tile of the B x rows x cols pixels a kernel writes: pixels q = i*BLOCK_P + [0, BLOCK_P)
+    (q = (b*rows + r)*cols + s) by channels c = j*BLOCK_C + [0, BLOCK_C). Returns q, b, r, s, c, whether each
+    pixel exists (q < B*rows*cols) and whether each channel does (`columns_in`)."""
+    q, b, r, s = nhwc_pixels(tl.program_id(0), rows, cols, BLOCK_P)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    return q, b, r, s, c, q < B * rows * cols, columns_in(c, C, C_ALIGN)
+
+
+@triton.jit
 def pixel_means(sums, h0, w0, H, W, KH: tl.constexpr, KW: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
                 COUNT_INCLUDE_PAD: tl.constexpr, DIVISOR_OVERRIDE: tl.constexpr, UNIFORM: tl.constexpr):
     """Sums [P, C] of the windows starting at (h0, w0) [P] over their divisors: DIVISOR_OVERRIDE or KH*KW (when
@@ -51,7 +61,7 @@ def pixel_means(sums, h0, w0, H, W, KH: tl.constexpr, KW: tl.constexpr, PAD_H: t
 # What both kernels declare: their example constants, entry check, and the helpers their source takes.
 _CL_POOL_KERNEL = dict(example=(3, 3, 2, 2, 1, 1, False, 0, False, 32, 64, 8), entry=avg_pool2d_cl_entry,
                        nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"), flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
-                       helpers=(nhwc_pixels, columns_in, nhwc_row, load_nhwc, store_nhwc, pixel_means))
+                       helpers=(pixel_tile, nhwc_pixels, columns_in, nhwc_row, load_nhwc, store_nhwc, pixel_means))
 
 
 @triton.jit
@@ -69,10 +79,7 @@ def avg_pool2d_cl_forward(
     with h0 = oh*STRIDE_H - PAD_H, w0 = ow*STRIDE_W - PAD_W the window's first row and column. Sums in fp32;
     every y is written.
     """
-    q, b, oh, ow = nhwc_pixels(tl.program_id(0), OH, OW, BLOCK_P)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    q_ok = q < B * OH * OW
-    c_ok = columns_in(c, C, C_ALIGN)
+    q, b, oh, ow, c, q_ok, c_ok = pixel_tile(B, C, OH, OW, BLOCK_P, BLOCK_C, C_ALIGN)
     h0 = oh * STRIDE_H - PAD_H
     w0 = ow * STRIDE_W - PAD_W
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
@@ -101,10 +108,7 @@ def avg_pool2d_cl_backward(
     The covering oh are (ih + PAD_H) // STRIDE_H - j for j < cdiv(KH, STRIDE_H), kept when 0 <= oh < OH and
     ih + PAD_H - oh*STRIDE_H < KH (likewise ow). Sums in fp32; every dx is written.
     """
-    q, b, ih, iw = nhwc_pixels(tl.program_id(0), H, W, BLOCK_P)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    q_ok = q < B * H * W
-    c_ok = columns_in(c, C, C_ALIGN)
+    q, b, ih, iw, c, q_ok, c_ok = pixel_tile(B, C, H, W, BLOCK_P, BLOCK_C, C_ALIGN)
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     for j in tl.static_range((KH + STRIDE_H - 1) // STRIDE_H):
         oh = (ih + PAD_H) // STRIDE_H - j

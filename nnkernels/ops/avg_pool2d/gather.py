@@ -11,8 +11,8 @@ Its divisor, as PyTorch defines it:
 - else the number of window elements inside the image.
 UNIFORM (chosen by the launcher) says every window's divisor is KH*KW, which skips the
 per-window count. ROW_ALIGN (a power of two <= 16 dividing the written rows' length, OW or W)
-lets rows be stored with vector instructions. The backward gathers: each dx element sums dy/divisor over the windows that
-cover it, so it needs no atomics, no zero-initialisation, and is deterministic.
+lets rows be stored with vector instructions. The backward gathers: each dx element sums dy/divisor over the
+windows that cover it, so it needs no atomics, no zero-initialisation, and is deterministic.
 """
 import triton
 import triton.language as tl
@@ -123,6 +123,14 @@ def window_means(sums, h0, w0, H, W, KH: tl.constexpr, KW: tl.constexpr, PAD_H: 
 
 
 @triton.jit
+def covering_window(index, j, valid, size, K: tl.constexpr, STRIDE: tl.constexpr, PAD: tl.constexpr):
+    """Along one axis, window o = (index + PAD) // STRIDE - j, the j-th that may cover input position `index`, and
+    `valid` & whether it does: 0 <= o < size and index + PAD - o*STRIDE < K (its K taps reach `index`)."""
+    o = (index + PAD) // STRIDE - j
+    return o, valid & (o >= 0) & (o < size) & (index + PAD - o * STRIDE < K)
+
+
+@triton.jit
 def _gather_tile(columns, rows_per_plane, P, ROW_ALIGN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
     """This program's BLOCK_R x BLOCK_W tile of rows r = plane*rows_per_plane + index over P planes (row tiles
     outer, tiles of BLOCK_W of the `columns` inner): (rows, column tile, columns, plane, index, whether the row
@@ -208,12 +216,10 @@ def avg_pool2d_gather_backward(
     dy_plane = dy + plane.to(tl.int64) * OH * OW
     acc = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float32)
     for j in tl.static_range((KH + STRIDE_H - 1) // STRIDE_H):
-        oh = (ih + PAD_H) // STRIDE_H - j
-        oh_in = row_in & (oh >= 0) & (oh < OH) & (ih + PAD_H - oh * STRIDE_H < KH)
+        oh, oh_in = covering_window(ih, j, row_in, OH, KH, STRIDE_H, PAD_H)
         dy_row = dy_plane + oh * OW
         for i in tl.static_range((KW + STRIDE_W - 1) // STRIDE_W):
-            ow = (iw + PAD_W) // STRIDE_W - i
-            ow_in = col_in & (ow >= 0) & (ow < OW) & (iw + PAD_W - ow * STRIDE_W < KW)
+            ow, ow_in = covering_window(iw, i, col_in, OW, KW, STRIDE_W, PAD_W)
             dyv = tl.load(dy_row[:, None] + ow[None, :], mask=oh_in[:, None] & ow_in[None, :], other=0.0)
             if DIVISOR_OVERRIDE > 0 or UNIFORM:
                 acc += dyv.to(tl.float32)
@@ -232,7 +238,7 @@ _OPTIONS = dict(
     entry=avg_pool2d_gather_entry,
     nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE", "X_ALIGN"),
     flags=("COUNT_INCLUDE_PAD", "UNIFORM"),
-    helpers=(_gather_tile, columns_in, window_divisor, window_means, store_rows),
+    helpers=(_gather_tile, columns_in, covering_window, window_divisor, window_means, store_rows),
 )
 AvgPool2dGatherForward = kernel_object(
     avg_pool2d_gather_forward, example=(3, 3, 1, 1, 1, 1, True, 0, True, 8, 0, 32, 64), **_OPTIONS)

@@ -29,7 +29,7 @@ import triton.language as tl
 from ...kernel import INT32_MAX, kernel_object
 from ..common.tiles import columns_in
 from .epilogue import store_rows
-from .gather import check_pooled_tensors, check_window, row_align, window_divisor, window_means
+from .gather import check_pooled_tensors, check_window, covering_window, row_align, window_divisor, window_means
 from ..common.checks import check_grid
 from ..common.host_math import cdiv
 
@@ -293,8 +293,7 @@ def avg_pool2d_lanes_backward(
     left = main
     right = main
     for j in tl.static_range((KH + STRIDE_H - 1) // STRIDE_H):
-        oh = (ih + PAD_H) // STRIDE_H - j
-        row_ok = row_in & (oh >= 0) & (oh < OH) & (ih + PAD_H - oh * STRIDE_H < KH)
+        oh, row_ok = covering_window(ih, j, row_in, OH, KH, STRIDE_H, PAD_H)
         dy_row = dy + (plane.to(tl.int64) * OH + oh) * OW
         if SRC_VEC:
             dy_row = dy + tl.multiple_of((plane.to(tl.int64) * OH + oh) * OW, SRC)
@@ -322,8 +321,8 @@ def avg_pool2d_lanes_backward(
     store_rows(dx, rows, iw, W, acc, row_in, ROW_ALIGN)
 
 
-_HELPERS = (_lanes_tile, _split_lanes, _join_lanes, _add_lanes, _row_lanes, _lane, window_means, window_divisor,
-            store_rows, columns_in)
+_HELPERS = (_lanes_tile, _split_lanes, _join_lanes, _add_lanes, _row_lanes, _lane, covering_window, window_means,
+            window_divisor, store_rows, columns_in)
 _OPTIONS = dict(
     entry=avg_pool2d_lanes_entry,
     nonnegative=("PAD_H", "PAD_W", "DIVISOR_OVERRIDE"),

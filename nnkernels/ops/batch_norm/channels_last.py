@@ -138,6 +138,24 @@ def partial_slots(partials, c, c_in, p0, NUM_PARTIALS, BLOCK_PARTIALS: tl.conste
 
 
 @triton.jit
+def sum_partials(partials, c, c_in, NUM_PARTIALS, ROW_STRIDE, BLOCK_C: tl.constexpr, BLOCK_PARTIALS: tl.constexpr,
+                 WEIGHTED: tl.constexpr):
+    """The sums [BLOCK_C] over each channel c's NUM_PARTIALS partials, in BLOCK_PARTIALS-wide steps in a fixed order,
+    of row 0's values a_i and of row 1's b_i, or with WEIGHTED of a_i * b_i (0 for the channels not c_in)."""
+    sum_first = tl.zeros([BLOCK_C], dtype=tl.float32)
+    sum_second = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for p0 in range(0, NUM_PARTIALS, BLOCK_PARTIALS):
+        at, present = partial_slots(partials, c, c_in, p0, NUM_PARTIALS, BLOCK_PARTIALS)
+        first = tl.load(at, mask=present, other=0.0)
+        sum_first += tl.sum(first, axis=1)
+        second = tl.load(at + ROW_STRIDE, mask=present, other=0.0)
+        if WEIGHTED:
+            second = first * second
+        sum_second += tl.sum(second, axis=1)
+    return sum_first, sum_second
+
+
+@triton.jit
 def store_statistics(mean, rstd, var_unbiased, running_mean, running_var, c, c_in, batch_mean, m2, count, eps,
                      momentum, UPDATE_RUNNING: tl.constexpr):
     """Writes mean[c] = batch_mean, rstd[c] = 1/sqrt(M2/n + eps) and var_unbiased[c] = M2/(n - 1) of the channels c
@@ -213,13 +231,7 @@ def batch_norm2d_nhwc_merge_stats(
     """
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_in = c < C
-    count = tl.zeros([BLOCK_C], dtype=tl.float32)
-    weighted = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for p0 in range(0, NUM_PARTIALS, BLOCK_PARTIALS):
-        at, present = partial_slots(partials, c, c_in, p0, NUM_PARTIALS, BLOCK_PARTIALS)
-        counts = tl.load(at, mask=present, other=0.0)
-        count += tl.sum(counts, axis=1)
-        weighted += tl.sum(counts * tl.load(at + ROW_STRIDE, mask=present, other=0.0), axis=1)
+    count, weighted = sum_partials(partials, c, c_in, NUM_PARTIALS, ROW_STRIDE, BLOCK_C, BLOCK_PARTIALS, True)
     rough_mean = weighted / tl.maximum(count, 1.0)
     residual = tl.zeros([BLOCK_C], dtype=tl.float32)
     m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
@@ -308,12 +320,7 @@ def batch_norm2d_nhwc_merge_grad_sums(
     """
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_in = c < C
-    sum_dy = tl.zeros([BLOCK_C], dtype=tl.float32)
-    sum_dy_xmu = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for p0 in range(0, NUM_PARTIALS, BLOCK_PARTIALS):
-        at, present = partial_slots(partials, c, c_in, p0, NUM_PARTIALS, BLOCK_PARTIALS)
-        sum_dy += tl.sum(tl.load(at, mask=present, other=0.0), axis=1)
-        sum_dy_xmu += tl.sum(tl.load(at + ROW_STRIDE, mask=present, other=0.0), axis=1)
+    sum_dy, sum_dy_xmu = sum_partials(partials, c, c_in, NUM_PARTIALS, ROW_STRIDE, BLOCK_C, BLOCK_PARTIALS, False)
     tl.store(dbias + c, sum_dy, mask=c_in)
     tl.store(dweight + c, sum_dy_xmu * tl.load(rstd + c, mask=c_in, other=0.0), mask=c_in)
 
@@ -437,7 +444,7 @@ BatchNorm2dNhwcPartialStats = kernel_object(
 BatchNorm2dNhwcMergeStats = kernel_object(
     batch_norm2d_nhwc_merge_stats, entry=merge_entry(3), example=(32, 64, True), floats=("eps", "momentum"),
     pointer_dtypes=_STATS, flags=("UPDATE_RUNNING",),
-    helpers=(partial_slots, store_statistics, update_running_statistics))
+    helpers=(partial_slots, sum_partials, store_statistics, update_running_statistics))
 BatchNorm2dNhwcNormalize = kernel_object(
     batch_norm2d_nhwc_normalize, entry=elementwise_entry, example=(32, 64, 8), pointer_dtypes=_STATS,
     helpers=_NORMALIZING)
@@ -449,7 +456,7 @@ BatchNorm2dNhwcPartialGradSums = kernel_object(
     helpers=_TILE)
 BatchNorm2dNhwcMergeGradSums = kernel_object(
     batch_norm2d_nhwc_merge_grad_sums, entry=merge_entry(2), example=(64, 64), pointer_dtypes=_STATS,
-    helpers=(partial_slots,))
+    helpers=(partial_slots, sum_partials))
 BatchNorm2dNhwcBackwardDx = kernel_object(
     batch_norm2d_nhwc_backward_dx, entry=elementwise_entry, example=(32, 64, 8), pointer_dtypes=_STATS,
     helpers=_ELEMENTWISE)

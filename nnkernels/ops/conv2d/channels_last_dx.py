@@ -44,6 +44,19 @@ def conv2d_gemm_cl_dx_entry(k, a):
 
 
 @triton.jit
+def stride_phase(phase, H, W, KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+                 PAD_H: tl.constexpr, PAD_W: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr):
+    """The stride phase of dx that a gather-form dx program takes from its program index `phase` = ph*STRIDE_W + pw:
+    (ph, pw, `phase_taps` of the rows, `phase_taps` of the columns, PR, PC), the phase holding the pixels
+    (ph + i*STRIDE_H, pw + j*STRIDE_W) with i < PR = cdiv(H, STRIDE_H) and j < PC = cdiv(W, STRIDE_W)."""
+    phase_h = phase // STRIDE_W
+    phase_w = phase % STRIDE_W
+    taps_h = phase_taps(phase_h, KH, STRIDE_H, PAD_H, DIL_H)
+    taps_w = phase_taps(phase_w, KW, STRIDE_W, PAD_W, DIL_W)
+    return phase_h, phase_w, taps_h, taps_w, tl.cdiv(H, STRIDE_H), tl.cdiv(W, STRIDE_W)
+
+
+@triton.jit
 def conv2d_gemm_cl_dx(
     dy, w_t, dx, B, C_IN, C_OUT, H, W, OH, OW,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
@@ -80,12 +93,10 @@ def conv2d_gemm_cl_dx(
     phase = tl.program_id(2)
     C_IN = known_multiple(C_IN, C_ALIGN)
     C_OUT = known_multiple(C_OUT, C_ALIGN)
-    phase_h = phase // STRIDE_W
-    phase_w = phase % STRIDE_W
-    count_h, first_h, step_h, shift_h, delta_h = phase_taps(phase_h, KH, STRIDE_H, PAD_H, DIL_H)
-    count_w, first_w, step_w, shift_w, delta_w = phase_taps(phase_w, KW, STRIDE_W, PAD_W, DIL_W)
-    rows = tl.cdiv(H, STRIDE_H)
-    cols = tl.cdiv(W, STRIDE_W)
+    phase_h, phase_w, taps_h, taps_w, rows, cols = stride_phase(phase, H, W, KH, KW, STRIDE_H, STRIDE_W, PAD_H, PAD_W,
+                                                                DIL_H, DIL_W)
+    count_h, first_h, step_h, shift_h, delta_h = taps_h
+    count_w, first_w, step_w, shift_w, delta_w = taps_w
     b, q = image_tile(pid_m, rows * cols, BLOCK_M, BLOCK_Q)
     row = q // cols
     col = q % cols
@@ -155,8 +166,8 @@ def conv2d_gemm_cl_dx(
 
 Conv2dGemmClDx = kernel_object(
     conv2d_gemm_cl_dx,
-    helpers=(phase_taps, conv_dot, image_tile, group_window, window_start, window_ok, group_window_width, tile_window,
-             columns_in, known_multiple),
+    helpers=(stride_phase, phase_taps, conv_dot, image_tile, group_window, window_start, window_ok, group_window_width,
+             tile_window, columns_in, known_multiple),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, True, False, 128, 64, 64, 128, 1),
     entry=conv2d_gemm_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),

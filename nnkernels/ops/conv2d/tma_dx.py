@@ -14,6 +14,7 @@ import triton.language as tl
 
 from ...kernel import kernel_object
 from ...launcher import use_torch_scratch
+from .channels_last_dx import stride_phase
 from .checks import check_conv_launch
 from .gemm_dx import phase_taps
 from ..common.checks import check_grid_3d, check_numel
@@ -64,12 +65,10 @@ def conv2d_tma_dx(
     """
     BLOCK_M: tl.constexpr = BOX_B * BOX_H * BOX_W
     phase = tl.program_id(2)
-    phase_h = phase // STRIDE_W
-    phase_w = phase % STRIDE_W
-    count_h, first_h, step_h, shift_h, delta_h = phase_taps(phase_h, KH, STRIDE_H, PAD_H, DIL_H)
-    count_w, first_w, step_w, shift_w, delta_w = phase_taps(phase_w, KW, STRIDE_W, PAD_W, DIL_W)
-    rows = tl.cdiv(H, STRIDE_H)
-    cols = tl.cdiv(W, STRIDE_W)
+    phase_h, phase_w, taps_h, taps_w, rows, cols = stride_phase(phase, H, W, KH, KW, STRIDE_H, STRIDE_W, PAD_H, PAD_W,
+                                                                DIL_H, DIL_W)
+    count_h, first_h, step_h, shift_h, delta_h = taps_h
+    count_w, first_w, step_w, shift_w, delta_w = taps_w
     boxes_h = tl.cdiv(rows, BOX_H)
     boxes_w = tl.cdiv(cols, BOX_W)
     pid_box = tl.program_id(0)
@@ -105,7 +104,7 @@ def conv2d_tma_dx(
 
 Conv2dTmaDx = kernel_object(
     conv2d_tma_dx,
-    helpers=(phase_taps, conv_dot),
+    helpers=(stride_phase, phase_taps, conv_dot),
     example=(3, 3, 2, 2, 1, 1, 1, 1, False, 1, 8, 8, 64, 64),
     entry=conv2d_tma_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
