@@ -27,7 +27,7 @@ import torch
 from torch._prims_common import suggest_memory_format
 
 from .. import machine
-from ..layer_calls import BatchNormShape
+from ..layer_shapes import BatchNormShape
 from . import batchnorm_algorithms as nchw_passes
 from . import batchnorm_nhwc as nhwc_passes
 from .batchnorm_algorithms import F32, BatchNormProblem

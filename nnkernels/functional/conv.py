@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .. import machine
-from ..layer_calls import ConvShape
+from ..layer_shapes import ConvShape
 from .common import (FLOAT_DTYPES, OPS, ArgumentError, PlanCache, aligned, building, direct_apply, elsewhere,
                      operator, record, register_autograd, register_fake, register_kernels)
 from .conv_algorithms import dw_pass, dx_pass, forward_pass

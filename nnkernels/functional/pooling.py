@@ -15,7 +15,7 @@ from torch._prims_common import suggest_memory_format
 
 from .. import tuning
 from .. import machine
-from ..layer_calls import AvgPoolShape
+from ..layer_shapes import AvgPoolShape
 from ..ops.avg_pool2d.gather import pooled_size
 from .common import (FLOAT_DTYPES, ArgumentError, PlanCache, aligned, building, direct_apply, elsewhere, operator,
                      record, register_autograd, register_fake, register_kernels)
