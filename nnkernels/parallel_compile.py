@@ -11,9 +11,9 @@ else the candidates quick tuning would time); for a batch norm or a pooling, the
 backward) on such tensors, where tuning runs the choices the parent's tuning would time (`tuning.compile_for`).
 `start_precompile` does it in the background: `warmup` runs its step meanwhile and stops the workers when the
 step is done, and the step's first calls claim the jobs they reach (`compile_jobs`: a queued one leaves the queue,
-one a worker holds is waited for). Workers are new interpreters started with `-m`, not multiprocessing's spawned children, which would
-first re-run the user's script (its `__main__`); they share the parent's environment, so its Triton cache and
-interpreter mode.
+one a worker holds is waited for). Workers are new interpreters started with `-m`, not multiprocessing's spawned
+children, which would first re-run the user's script (its `__main__`); they share the parent's environment, so its
+Triton cache and interpreter mode.
 """
 from __future__ import annotations
 
