@@ -122,7 +122,7 @@ def _batch_norm_problem(batch, channels, pixels, dtype, nhwc):
 
     problem = BatchNormProblem((batch, channels, pixels), getattr(torch, dtype.split(".")[1]), None, Machine(**H200),
                                nhwc=bool(nhwc))
-    return problem, (batchnorm._NHWC_STEPS if problem.nhwc else batchnorm._NCHW_STEPS)
+    return problem, batchnorm.steps_of(problem)
 
 
 def _batch_norm_kernels(kind, shape, stored):
@@ -138,7 +138,7 @@ def _batch_norm_example_kernels(batch, channels, pixels, dtype, nhwc):
     """Every candidate's kernels of every step of one batch-norm problem."""
     problem, steps = _batch_norm_problem(batch, channels, pixels, dtype, nhwc)
     for step, (_, kernels_of) in steps.items():
-        # The forward that updates the running statistics is tuned as the one that does not (`batchnorm._tuned`).
+        # The forward that updates the running statistics is tuned as the one that does not, as batch norm tunes it.
         for config in problem.candidates("train_forward" if step == "train_forward_update" else step)[0]():
             yield from ((k, dict(B=batch, C=channels, HW=pixels)) for k in kernels_of(problem, config))
 

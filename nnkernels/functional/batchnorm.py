@@ -174,11 +174,16 @@ _NCHW_STEPS = {**_steps(nchw_passes), "eval_backward": (nchw_passes.eval_backwar
 _NHWC_STEPS = _steps(nhwc_passes)
 
 
+def steps_of(problem) -> dict:
+    """{step: (runner maker, kernels maker)} of the kernels `problem`'s layout runs (channels-last or NCHW)."""
+    return _NHWC_STEPS if problem.nhwc else _NCHW_STEPS
+
+
 def _tuned(problem, step, args):
     """(runner, kernel ids) of `step`'s config, tuned on this first call's arguments. The training forward that
     updates the running statistics is tuned as the one that does not (the same kernels, the update aside), and
     its timed runs write their update to scratch."""
-    make, kernels = (_NHWC_STEPS if problem.nhwc else _NCHW_STEPS)[step]
+    make, kernels = steps_of(problem)[step]
     tuned_step = "train_forward" if step == "train_forward_update" else step
     candidates, decode = problem.candidates(tuned_step)
     runners = {}
