@@ -153,10 +153,13 @@ def conv2d_depthwise_forward(
         row_ok = _where_row(plane_ok[:, None], (ih >= 0) & (ih < H))
         x_values = _row_taps(x_row_0 + ih * W, row_ok, iw_first, W, KW, DIL_W, GATHER_COLUMNS, BLOCK_W)
         for kw in tl.static_range(KW):
-            for r in tl.static_range(ROWS):
-                for kh in tl.static_range(KH):
-                    if r * STRIDE_H + kh * DIL_H == t:
-                        acc = acc[:r] + (acc[r] + x_values[kw] * taps[kh * KW + kw],) + acc[r + 1:]
+            # The band rows that row t feeds, r*STRIDE_H + kh*DIL_H == t, in ascending order (a one-step range
+            # names r as a constant): KH tests per row and shift rather than ROWS*KH keep the build short.
+            for kh in tl.static_range(KH - 1, -1, -1):
+                for r in tl.static_range((t - kh * DIL_H) // STRIDE_H, (t - kh * DIL_H) // STRIDE_H + 1):
+                    if r >= 0 and r < ROWS:
+                        if r * STRIDE_H + kh * DIL_H == t:
+                            acc = acc[:r] + (acc[r] + x_values[kw] * taps[kh * KW + kw],) + acc[r + 1:]
     if HAS_BIAS:
         bias_values = tl.load(bias + c, mask=plane_ok, other=0.0).to(tl.float32)[:, None]
     y_row_0 = y + plane.to(tl.int64)[:, None] * OH * OW + ow[None, :]
@@ -205,9 +208,11 @@ def conv2d_depthwise_dx(
             ow = reach_w // STRIDE_W
             hit = row_ok & ((reach_w >= 0) & (reach_w % STRIDE_W == 0) & (ow < OW))[None, :]
             dy_values = tl.load(dy_plane + oh * OW + ow[None, :], mask=hit, other=0.0).to(tl.float32)
-            for r in tl.static_range(ROWS):
-                for kh in tl.static_range(KH):
-                    if r + PAD_H - kh * DIL_H == t * STRIDE_H:
+            # The dx rows that dy row t feeds, r + PAD_H - kh*DIL_H == t*STRIDE_H, in ascending order (a one-step
+            # range names r as a constant): KH tests per row and shift rather than ROWS*KH keep the build short.
+            for kh in tl.static_range(KH):
+                for r in tl.static_range(t * STRIDE_H + kh * DIL_H - PAD_H, t * STRIDE_H + kh * DIL_H - PAD_H + 1):
+                    if r >= 0 and r < ROWS:
                         # Only taps that reach dy contribute: a NaN or Inf weight must not reach dx
                         # through padding.
                         updated = tl.where(hit, acc[r] + dy_values * taps[kh * KW + kw], acc[r])
@@ -255,14 +260,16 @@ def _depthwise_dw_band(
             x_values = shifts[kw]
             if GATHER_COLUMNS:
                 x_values = tl.where(column_ok, x_values, 0.0)
-            for r in tl.static_range(ROWS):
-                for kh in tl.static_range(KH):
-                    if r * STRIDE_H + kh * DIL_H == t:
-                        term = x_values * dy_rows[r]
-                        if RAGGED:
-                            term = tl.where(oh_first + r < OH, term, 0.0)
-                        products = (products[:kh * KW + kw] + (products[kh * KW + kw] + term,)
-                                    + products[kh * KW + kw + 1:])
+            # The band rows that row t feeds, in ascending order (as in `conv2d_depthwise_forward`).
+            for kh in tl.static_range(KH - 1, -1, -1):
+                for r in tl.static_range((t - kh * DIL_H) // STRIDE_H, (t - kh * DIL_H) // STRIDE_H + 1):
+                    if r >= 0 and r < ROWS:
+                        if r * STRIDE_H + kh * DIL_H == t:
+                            term = x_values * dy_rows[r]
+                            if RAGGED:
+                                term = tl.where(oh_first + r < OH, term, 0.0)
+                            products = (products[:kh * KW + kw] + (products[kh * KW + kw] + term,)
+                                        + products[kh * KW + kw + 1:])
     sums = tl.zeros([PLANES, BLOCK_TAPS], dtype=tl.float32)
     for k in tl.static_range(KH * KW):
         sums += tl.where(tap[None, :] == k, tl.sum(products[k], axis=1)[:, None], 0.0)
