@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ._aot import default_jobs
+from ._aot import MOST_JOBS, default_jobs
 from ._mode import INTERPRETED
 
 ENV = "NNKERNELS_COMPILE_AHEAD"
@@ -101,11 +101,11 @@ def mark_done(model: torch.nn.Module):
 
 def background_jobs() -> int:
     """Processes that compile ahead for this process: `NNKERNELS_COMPILE_JOBS` where set, else one per CPU (at
-    most 8) shared among the processes torchrun started on this machine. 1 means none: the step compiles as it
-    goes."""
+    most `MOST_JOBS`) shared among the processes torchrun started on this machine. 1 means none: the step compiles
+    as it goes."""
     value = os.environ.get(JOBS_ENV)
     if value is None:
-        return max(1, default_jobs(8) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        return max(1, default_jobs(MOST_JOBS) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{JOBS_ENV}: expected an integer >= 1, got {value!r}")
     return int(value)

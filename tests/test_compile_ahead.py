@@ -139,7 +139,7 @@ def test_off_when_asked_and_after_warmup(ahead, monkeypatch):
 def test_the_number_of_processes_is_one_per_cpu_or_what_the_environment_says(ahead, monkeypatch):
     monkeypatch.delenv(compile_ahead.JOBS_ENV)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert compile_ahead.background_jobs() == max(1, compile_ahead.default_jobs(8) // 2)
+    assert compile_ahead.background_jobs() == max(1, compile_ahead.default_jobs(compile_ahead.MOST_JOBS) // 2)
     monkeypatch.setenv(compile_ahead.JOBS_ENV, "12")
     assert compile_ahead.background_jobs() == 12
     monkeypatch.setenv(compile_ahead.JOBS_ENV, "1")  # none, as warmup(jobs=1): the step compiles as it goes
