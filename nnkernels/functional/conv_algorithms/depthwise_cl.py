@@ -20,13 +20,17 @@ def _stored(t):
 
 
 class _DepthwiseChannelsLast(Algorithm):
-    """A pass whose `kernel_class` launch (and, for dw, a reduce) tiles `pixels(p)` pixels, with the HAS_BIAS
-    flag where `takes_bias`."""
+    """A pass whose `kernel_class` launch (and, for dw, a reduce) tiles the pixels of y (of x where `tiles_x`: dx),
+    with the HAS_BIAS flag where `takes_bias`."""
     config_type = ChannelsLastTile
     channels_last_input = True
+    tiles_x = False
 
     def applies(self, p):
         return p.depthwise and p.nhwc
+
+    def pixels(self, p):
+        return p.B * (p.H * p.W if self.tiles_x else p.OH * p.OW)
 
     def candidates(self, p):
         return nhwc_tiles(self.pixels(p), p.C_IN, p.machine)
@@ -39,11 +43,12 @@ class _DepthwiseChannelsLast(Algorithm):
 
 
 class _OneLaunch(_DepthwiseChannelsLast):
-    """A pass of one launch into a new channels-last tensor of `output_shape(p)`, its arguments `arguments(...)`."""
+    """A pass of one launch into a new channels-last tensor shaped as the one it tiles, its arguments
+    `arguments(...)`."""
 
     def runner(self, p, tile):
         launch, new = Launcher(self.kernels(p, tile)[0]), channels_last_allocator(p.dtype, p.device)
-        shape, sizes, arguments = self.output_shape(p), p.launch_sizes, self.arguments
+        shape, sizes, arguments = p.x_shape if self.tiles_x else p.y_shape, p.launch_sizes, self.arguments
 
         def run(first, weight, third):
             out = new(*shape)
@@ -57,12 +62,6 @@ class DepthwiseClForward(_OneLaunch):
     name = "depthwise_cl_forward"
     kernel_class, takes_bias = Conv2dDepthwiseClForward, True
 
-    def pixels(self, p):
-        return p.B * p.OH * p.OW
-
-    def output_shape(self, p):
-        return p.y_shape
-
     @staticmethod
     def arguments(x, weight, bias, y):
         return _stored(x), weight, y if bias is None else bias, y
@@ -70,13 +69,7 @@ class DepthwiseClForward(_OneLaunch):
 
 class DepthwiseClDx(_OneLaunch):
     name = "depthwise_cl_dx"
-    kernel_class, takes_bias = Conv2dDepthwiseClDx, False
-
-    def pixels(self, p):
-        return p.B * p.H * p.W
-
-    def output_shape(self, p):
-        return p.x_shape
+    kernel_class, takes_bias, tiles_x = Conv2dDepthwiseClDx, False, True
 
     @staticmethod
     def arguments(dy, weight, dy_cl, dx):
@@ -86,9 +79,6 @@ class DepthwiseClDx(_OneLaunch):
 class DepthwiseClDw(_DepthwiseChannelsLast):
     name = "depthwise_cl_dw"
     kernel_class, takes_bias = Conv2dDepthwiseClDw, True
-
-    def pixels(self, p):
-        return p.B * p.OH * p.OW
 
     def kernels(self, p, tile):
         return super().kernels(p, tile) + [reduce_kernel(p, p.has_bias)]
