@@ -332,33 +332,25 @@ def eval_backward_runner(problem, config):
     launches = [Launcher(k) for k in eval_backward_kernels(problem, config)]
     shape, new, new_f32 = problem.shape, allocator(problem.dtype, problem.device), allocator(F32, problem.device)
     if problem.fused:
-        fused, channels = launches[0], config.channels
+        last, chunks = config.channels, 1  # the grouped kernel takes CHANNELS and writes whole sums
+    else:
+        plan = _eval_plan(problem)
+        last, chunks = plan.tiles_per_chunk, plan.num_chunks
+    backward, total = launches[0], launches[1] if chunks > 1 else None
 
-        def run(dy, x, weight, running_mean, running_var, eps):
-            dx = new(*shape)
-            dweight, dbias = new_f32(C), new_f32(C)
-            fused(dy, x, dx, weight, running_mean, running_var, dweight, dbias, B, C, HW, channels, eps)
-            return dx, dweight, dbias
-
-        return run
-    plan = _eval_plan(problem)
-    backward, tiles_per_chunk, chunks = launches[0], plan.tiles_per_chunk, plan.num_chunks
-    total = launches[1] if chunks > 1 else None
-
-    def run_split(dy, x, weight, running_mean, running_var, eps):
+    def run(dy, x, weight, running_mean, running_var, eps):
         dx = new(*shape)
         dweight, dbias = new_f32(C), new_f32(C)
         if total is None:
-            backward(dy, x, dx, weight, running_mean, running_var, dweight, dbias, B, C, HW, tiles_per_chunk, eps)
+            backward(dy, x, dx, weight, running_mean, running_var, dweight, dbias, B, C, HW, last, eps)
             return dx, dweight, dbias
         partial_dweight = new_f32(C * chunks)
         partial_dbias = new_f32(C * chunks)
-        backward(dy, x, dx, weight, running_mean, running_var, partial_dweight, partial_dbias, B, C, HW,
-                 tiles_per_chunk, eps)
+        backward(dy, x, dx, weight, running_mean, running_var, partial_dweight, partial_dbias, B, C, HW, last, eps)
         total(partial_dweight, partial_dbias, dweight, dbias, C, chunks)
         return dx, dweight, dbias
 
-    return run_split
+    return run
 
 
 class BatchNormProblem:
