@@ -59,6 +59,13 @@ def dw_candidates(m: int, n: int, pixels: int, groups: int, dtype, machine) -> l
     return list(dict.fromkeys(configs))
 
 
+def _gemm_kernel(cls, p, config, *flags):
+    """The NCHW GEMM `cls` on p with config's tile: its constants are p's geometry, G, `flags` (HAS_BIAS but for
+    dx), TF32 and the tile."""
+    constants = p.geometry + (p.groups, *flags, p.tf32, config.block_m, config.block_n, config.block_k)
+    return make_kernel(cls, constants, p, config)
+
+
 class _Anywhere(Algorithm):
     def applies(self, p):
         return True
@@ -72,8 +79,7 @@ class GemmForward(_Anywhere):
                                p.machine)
 
     def kernels(self, p, config):
-        constants = p.geometry + (p.groups, p.has_bias, p.tf32, config.block_m, config.block_n, config.block_k)
-        return [make_kernel(Conv2dGemmForward, constants, p, config)]
+        return [_gemm_kernel(Conv2dGemmForward, p, config, p.has_bias)]
 
     def runner(self, p, config):
         return one_launch_forward(p, self.kernels(p, config)[0], p.sizes)
@@ -87,8 +93,7 @@ class GemmDx(_Anywhere):
         return gemm_candidates(pixels, p.cin_per_group, p.C_OUT // p.groups * p.KH * p.KW, p.dtype, p.machine)
 
     def kernels(self, p, config):
-        constants = p.geometry + (p.groups, p.tf32, config.block_m, config.block_n, config.block_k)
-        return [make_kernel(Conv2dGemmDx, constants, p, config)]
+        return [_gemm_kernel(Conv2dGemmDx, p, config)]
 
     def runner(self, p, config):
         return one_launch_dx(p, self.kernels(p, config)[0], p.sizes)
@@ -102,8 +107,7 @@ class GemmDw(_Anywhere):
                              p.machine)
 
     def kernels(self, p, config):
-        constants = p.geometry + (p.groups, p.has_bias, p.tf32, config.block_m, config.block_n, config.block_k)
-        return [make_kernel(Conv2dGemmDw, constants, p, config), reduce_kernel(p, p.has_bias)]
+        return [_gemm_kernel(Conv2dGemmDw, p, config, p.has_bias), reduce_kernel(p, p.has_bias)]
 
     def runner(self, p, config):
         product, reduce = (Launcher(k) for k in self.kernels(p, config))
