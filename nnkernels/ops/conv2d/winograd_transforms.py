@@ -325,42 +325,36 @@ def conv2d_winograd_weight(w, v, C_OUT, C_IN, TRANSPOSE: tl.constexpr, BLOCK: tl
     _store_g_row(out, pairs, 12, h30, h31, h32, ok)
 
 
-Conv2dWinogradInput = kernel_object(
-    conv2d_winograd_input,
+def _transform(jitted, fp32, **declared):
+    """The kernel class of a transform: `jitted`, whose pointer `fp32` is an fp32 [16, ...] matrix, in one pipeline
+    stage (a transform has no loop to pipeline)."""
+    return kernel_object(jitted, pointer_dtypes={fp32: torch.float32}, num_stages=1, **declared)
+
+
+Conv2dWinogradInput = _transform(
+    conv2d_winograd_input, "u",
     helpers=(_tile_coordinates, _bt_rows, _patch_row, _store_bt_row, _store_points),
     example=(True, 32, 32),
     entry=conv2d_winograd_input_entry,
     flags=("T_MAJOR",),
-    pointer_dtypes={"u": torch.float32},
-    num_warps=4,
-    num_stages=1,
 )
-Conv2dWinogradDy = kernel_object(
-    conv2d_winograd_dy,
+Conv2dWinogradDy = _transform(
+    conv2d_winograd_dy, "d",
     helpers=(_tile_coordinates, _a_rows, _store_a_columns, _store_points),
     example=(128, 8),
     entry=conv2d_winograd_dy_entry,
-    pointer_dtypes={"d": torch.float32},
-    num_warps=4,
-    num_stages=1,
 )
-Conv2dWinogradOutput = kernel_object(
-    conv2d_winograd_output,
+Conv2dWinogradOutput = _transform(
+    conv2d_winograd_output, "m",
     helpers=(_tile_coordinates, load_points, _at_rows),
     example=(False, 64, 16),
     entry=conv2d_winograd_output_entry,
     flags=("HAS_BIAS",),
-    pointer_dtypes={"m": torch.float32},
-    num_warps=4,
-    num_stages=1,
 )
-Conv2dWinogradWeight = kernel_object(
-    conv2d_winograd_weight,
+Conv2dWinogradWeight = _transform(
+    conv2d_winograd_weight, "v",
     helpers=(_g_rows, _store_g_row, _store_points),
     example=(False, 256),
     entry=conv2d_winograd_weight_entry,
     flags=("TRANSPOSE",),
-    pointer_dtypes={"v": torch.float32},
-    num_warps=4,
-    num_stages=1,
 )
