@@ -450,8 +450,6 @@ Conv2dGemmClForward = kernel_object(
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
     flags=("WHOLE_WINDOWS", "HAS_BIAS", "TF32", "FLIP_TAPS", "Y_NHWC"),
-    num_warps=4,
-    num_stages=3,
 )
 Conv2dGemmClDw = kernel_object(
     conv2d_gemm_cl_dw,
@@ -462,6 +460,4 @@ Conv2dGemmClDw = kernel_object(
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
     flags=("WHOLE_WINDOWS", "HAS_BIAS", "TF32"),
-    num_warps=4,
-    num_stages=3,
 )

@@ -172,6 +172,4 @@ Conv2dGemmClDx = kernel_object(
     entry=conv2d_gemm_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("WHOLE_WINDOWS", "TF32", "DX_NHWC"),
-    num_warps=4,
-    num_stages=3,
 )

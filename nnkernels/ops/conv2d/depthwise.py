@@ -343,7 +343,6 @@ Conv2dDepthwiseForward = kernel_object(
     entry=conv2d_depthwise_forward_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS", "GATHER_COLUMNS"),
-    num_warps=4,
     num_stages=2,
 )
 Conv2dDepthwiseDx = kernel_object(
@@ -352,7 +351,6 @@ Conv2dDepthwiseDx = kernel_object(
     example=_GEOMETRY + (4, 7, 32),
     entry=conv2d_depthwise_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
-    num_warps=4,
     num_stages=2,
 )
 Conv2dDepthwiseDw = kernel_object(
@@ -363,6 +361,5 @@ Conv2dDepthwiseDw = kernel_object(
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS", "GATHER_COLUMNS", "RAGGED_BANDS"),
-    num_warps=4,
     num_stages=2,
 )

@@ -133,6 +133,4 @@ Conv2dGemmDx = kernel_object(
     entry=conv2d_gemm_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("TF32",),
-    num_warps=4,
-    num_stages=3,
 )

@@ -107,6 +107,4 @@ Conv2dGemmForward = kernel_object(
     entry=conv2d_gemm_forward_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS", "TF32"),
-    num_warps=4,
-    num_stages=3,
 )

@@ -69,6 +69,5 @@ Conv2dGroupedWeight = kernel_object(
     example=(False, False, 16, 64),
     entry=conv2d_grouped_weight_entry,
     flags=("SRC_TRANSPOSED", "TAPS_OUTER"),
-    num_warps=4,
     num_stages=1,
 )

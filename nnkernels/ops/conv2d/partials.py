@@ -125,6 +125,5 @@ Conv2dDwReduce = kernel_object(
     entry=conv2d_dw_reduce_entry,
     flags=("HAS_BIAS",),
     pointer_dtypes={"partial": torch.float32},
-    num_warps=4,
     num_stages=1,
 )

@@ -210,8 +210,6 @@ Conv2dPointwise = kernel_object(
     entry=conv2d_pointwise_entry,
     nonnegative=("M_TILES",),
     flags=("HAS_BIAS", "TF32", "W_TRANSPOSED"),
-    num_warps=4,
-    num_stages=3,
 )
 Conv2dPointwiseFp32Out = kernel_object(
     conv2d_pointwise_fp32_out,
@@ -222,8 +220,6 @@ Conv2dPointwiseFp32Out = kernel_object(
     nonnegative=("M_TILES",),
     pointer_dtypes={"y": torch.float32},
     flags=("TF32", "W_TRANSPOSED"),
-    num_warps=4,
-    num_stages=3,
 )
 
 
@@ -306,6 +302,4 @@ Conv2dPointwiseDw = kernel_object(
     entry=conv2d_pointwise_dw_entry,
     pointer_dtypes={"partial": torch.float32},
     flags=("HAS_BIAS", "TF32"),
-    num_warps=4,
-    num_stages=3,
 )

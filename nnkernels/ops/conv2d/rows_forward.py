@@ -98,6 +98,4 @@ Conv2dRowsForward = kernel_object(
     entry=conv2d_rows_forward_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS", "TF32"),
-    num_warps=4,
-    num_stages=3,
 )

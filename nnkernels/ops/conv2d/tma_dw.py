@@ -168,6 +168,4 @@ Conv2dTmaDw = kernel_object(
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS", "TF32"),
-    num_warps=4,
-    num_stages=3,
 )

@@ -109,6 +109,5 @@ Conv2dTmaDx = kernel_object(
     entry=conv2d_tma_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),
     flags=("TF32",),
-    num_warps=4,
     num_stages=4,
 )

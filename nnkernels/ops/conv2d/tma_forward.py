@@ -138,6 +138,5 @@ Conv2dTmaForward = kernel_object(
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS", "TF32", "FLIP_TAPS", "Y_NHWC"),
-    num_warps=4,
     num_stages=4,
 )

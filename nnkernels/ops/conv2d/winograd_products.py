@@ -194,7 +194,6 @@ Conv2dWinogradProducts = kernel_object(
     example=(False, False, 128, 64, 32),
     entry=conv2d_winograd_products_entry,
     flags=("HAS_BIAS", "TF32"),
-    num_warps=4,
     num_stages=4,
 )
 Conv2dWinogradDwFinish = kernel_object(
@@ -204,6 +203,5 @@ Conv2dWinogradDwFinish = kernel_object(
     entry=conv2d_winograd_dw_finish_entry,
     flags=("HAS_BIAS",),
     pointer_dtypes={"partial": torch.float32},
-    num_warps=4,
     num_stages=1,
 )
