@@ -45,6 +45,14 @@ def columns_in(cols, row_length, ROW_ALIGN: tl.constexpr):
 
 
 @triton.jit
+def channel_block(block, C, BLOCK: tl.constexpr, C_ALIGN: tl.constexpr):
+    """Channel block `block` of C (a multiple of C_ALIGN): its channels c = block*BLOCK + [0, BLOCK) and which of
+    them exist (`columns_in`)."""
+    c = block * BLOCK + tl.arange(0, BLOCK)
+    return c, columns_in(c, C, C_ALIGN)
+
+
+@triton.jit
 def known_multiple(n, ALIGN: tl.constexpr):
     """n, a multiple of ALIGN, written (n // ALIGN) * ALIGN so that the compiler sees it is one (a no-op that folds
     away at ALIGN = 1): offsets built from it are then multiples too, and channel runs load as vectors."""

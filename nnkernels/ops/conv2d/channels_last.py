@@ -24,7 +24,7 @@ from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row, split_s
 from .checks import check_conv_launch
 from ..common.host_math import cdiv
 from ..common.tensor_core import conv_dot
-from ..common.tiles import columns_in, known_multiple
+from ..common.tiles import channel_block, columns_in, known_multiple
 
 
 def check_image_tiles(k):
@@ -171,8 +171,7 @@ def conv2d_gemm_cl_forward(
     iw_first = (q % OW) * STRIDE_W - PAD_W
     # Negative inside an image where the window starts in the padding (those are masked).
     x_pixel = b.to(tl.int64) * H * W * C_IN + (ih_first * W + iw_first) * C_IN
-    c_out = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_out_ok = columns_in(c_out, C_OUT, C_ALIGN)
+    c_out, c_out_ok = channel_block(pid_n, C_OUT, BLOCK_N, C_ALIGN)
     channel = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if G == 1 and WHOLE_WINDOWS:
@@ -430,8 +429,7 @@ def conv2d_gemm_cl_dw(
             written &= column_group[None, :] == (c_out // cout_per_group)[:, None]
         tl.store(row + (c_out * (cin_per_group * taps))[:, None] + column[None, :], acc, mask=written)
     elif HAS_BIAS:
-        c_out = (pid_tile - product_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
-        c_out_ok = columns_in(c_out, C_OUT, C_ALIGN)
+        c_out, c_out_ok = channel_block(pid_tile - product_tiles, C_OUT, BLOCK_M, C_ALIGN)
         dbias = tl.zeros([BLOCK_M], dtype=tl.float32)
         for p_first in range(slice_first, slice_end, BLOCK_K):
             p = p_first + tl.arange(0, BLOCK_K)
@@ -444,7 +442,8 @@ def conv2d_gemm_cl_dw(
 Conv2dGemmClForward = kernel_object(
     conv2d_gemm_cl_forward,
     helpers=(conv_dot, image_tile, group_window, window_start, window_ok, group_window_width, tile_window,
-             split_steps, add_forward_bias, forward_y_offset, store_forward_tile, columns_in, known_multiple),
+             split_steps, add_forward_bias, forward_y_offset, store_forward_tile, channel_block, columns_in,
+             known_multiple),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, False, True, False, False, 128, 64, 64, 128, 1, 1),
     entry=conv2d_gemm_cl_forward_entry,
     pointer_dtypes={"partial": torch.float32},
@@ -453,8 +452,8 @@ Conv2dGemmClForward = kernel_object(
 )
 Conv2dGemmClDw = kernel_object(
     conv2d_gemm_cl_dw,
-    helpers=(conv_dot, group_window, window_start, window_ok, group_window_width, split_slice, columns_in,
-             known_multiple, *PARTIAL_ROW_HELPERS),
+    helpers=(conv_dot, group_window, window_start, window_ok, group_window_width, split_slice, channel_block,
+             columns_in, known_multiple, *PARTIAL_ROW_HELPERS),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, False, True, 64, 64, 64, 1, 1),
     entry=conv2d_gemm_cl_dw_entry,
     pointer_dtypes={"partial": torch.float32},

@@ -26,7 +26,7 @@ from .gemm_dx import phase_taps
 from .checks import check_conv_launch
 from ..common.host_math import cdiv
 from ..common.tensor_core import conv_dot
-from ..common.tiles import columns_in, known_multiple
+from ..common.tiles import channel_block, columns_in, known_multiple
 
 
 def conv2d_gemm_cl_dx_entry(k, a):
@@ -107,8 +107,7 @@ def conv2d_gemm_cl_dx(
     oh_first = row + shift_h
     ow_first = col + shift_w
     dy_image_first = b.to(tl.int64) * OH * OW * C_OUT  # offset of each row's image in dy
-    c_in = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_in_ok = columns_in(c_in, C_IN, C_ALIGN)
+    c_in, c_in_ok = channel_block(pid_n, C_IN, BLOCK_N, C_ALIGN)
     channel = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if G == 1 and WHOLE_WINDOWS:
@@ -167,7 +166,7 @@ def conv2d_gemm_cl_dx(
 Conv2dGemmClDx = kernel_object(
     conv2d_gemm_cl_dx,
     helpers=(stride_phase, phase_taps, conv_dot, image_tile, group_window, window_start, window_ok, group_window_width,
-             tile_window, columns_in, known_multiple),
+             tile_window, channel_block, columns_in, known_multiple),
     example=(3, 3, 1, 1, 1, 1, 1, 1, 1, True, True, False, 128, 64, 64, 128, 1),
     entry=conv2d_gemm_cl_dx_entry,
     nonnegative=("PAD_H", "PAD_W"),

@@ -15,7 +15,7 @@ import triton.language as tl
 from ...kernel import kernel_object
 from ..common.checks import check_channel_alignment, check_grid_3d, check_numel
 from ..common.host_math import cdiv
-from ..common.tiles import columns_in, load_nhwc, nhwc_pixels, nhwc_row, store_nhwc, zero_tiles
+from ..common.tiles import channel_block, columns_in, load_nhwc, nhwc_pixels, nhwc_row, store_nhwc, zero_tiles
 from .checks import check_conv_launch
 from .depthwise import _depthwise_sizes
 from .partials import PARTIAL_ROW_HELPERS, dw_partial_size, partial_row
@@ -156,8 +156,7 @@ def conv2d_depthwise_cl_dw(
     fp32: for each kernel row kh in turn, each block's [BLOCK_P, BLOCK_C] products summed over its pixels into
     one [BLOCK_C] row per tap of the row.
     """
-    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = columns_in(c, C, C_ALIGN)
+    c, c_ok = channel_block(tl.program_id(0), C, BLOCK_C, C_ALIGN)
     split = tl.program_id(1)
     pixels = B * OH * OW
     row = partial_row(partial, split, C * KH * KW, C, HAS_BIAS)
@@ -191,5 +190,5 @@ Conv2dDepthwiseClDw = kernel_object(
     pointer_dtypes={"partial": torch.float32},
     nonnegative=("PAD_H", "PAD_W"),
     flags=("HAS_BIAS",),
-    helpers=(columns_in, nhwc_pixels, nhwc_row, load_nhwc, zero_tiles, *PARTIAL_ROW_HELPERS),
+    helpers=(channel_block, columns_in, nhwc_pixels, nhwc_row, load_nhwc, zero_tiles, *PARTIAL_ROW_HELPERS),
 )
