@@ -71,20 +71,24 @@ def _ranks(p, count):
     return [first] + [2000 + index for index in range(1, count)]
 
 
-class WinogradForward(Algorithm):
+class _Winograd(Algorithm):
+    """A pass that runs where `Problem.winograd` holds, its candidates ranked by `_ranks`."""
+
+    def applies(self, p):
+        return p.winograd
+
+    def ranks(self, p, count):
+        return _ranks(p, count)
+
+
+class WinogradForward(_Winograd):
     """y = conv2d(x, weight, bias, padding=1); of a `dx_forward` problem, dx from dy with the convolution's own
     weight [C_IN', C_OUT', 3, 3], transposed and flipped by the weight transform."""
 
     name = "winograd_forward"
 
-    def applies(self, p):
-        return p.winograd
-
     def candidates(self, p):
         return winograd_candidates(p.C_OUT, p.C_IN, p.machine)
-
-    def ranks(self, p, count):
-        return _ranks(p, count)
 
     def kernels(self, p, config):
         return [_kernel(Conv2dWinogradWeight, (p.flip_taps, PAIR_BLOCK)),
@@ -112,19 +116,13 @@ class WinogradForward(Algorithm):
         return run
 
 
-class WinogradDw(Algorithm):
+class WinogradDw(_Winograd):
     """dw (and dbias): the 16 products split over the tiles into fp32 partial rows, then their ordered sum."""
 
     name = "winograd_dw"
 
-    def applies(self, p):
-        return p.winograd
-
     def candidates(self, p):
         return winograd_dw_candidates(p.C_OUT, p.C_IN, tiles_of(p.B, p.H, p.W), p.machine)
-
-    def ranks(self, p, count):
-        return _ranks(p, count)
 
     def kernels(self, p, config):
         return [_kernel(Conv2dWinogradInput, (False, *_tiles("input_c_major", p.machine))),
