@@ -45,20 +45,30 @@ def dw_split(tiles: int, pixels: int, block_k: int, oversubscribe: int, machine)
     return max(1, min(most, -(-oversubscribe * machine.sms // tiles)))
 
 
+def summed_weight_gradient(p, reduce, new):
+    """sum_of(partial, *sizes) -> (dw, dbias): `reduce(partial, dw, dbias, *sizes)` into a new dw (and dbias, where
+    p has a bias) from `new`; without a bias dw stands in its place (the kernel writes it only with HAS_BIAS)."""
+    w_shape, c_out, with_bias = p.w_shape, p.C_OUT, p.has_bias
+
+    def sum_of(partial, *sizes):
+        dw = new(*w_shape)
+        dbias = new(c_out) if with_bias else None
+        reduce(partial, dw, dw if dbias is None else dbias, *sizes)
+        return dw, dbias
+
+    return sum_of
+
+
 def split_weight_gradient(p, split, product, reduce, sizes, operands):
     """The runner of a split dw: `product(*operands(dy, x, copies), partial, *sizes, split)` into `split` fp32 rows,
     then `reduce` their ordered sum into dw (and dbias, where p has a bias)."""
-    row, with_bias = partial_row(p, p.has_bias), p.has_bias
-    w_shape, dtype, c_out, n_dw = p.w_shape, p.dtype, p.C_OUT, p.C_OUT * p.cin_per_group * p.KH * p.KW
-
-    new, new_f32 = allocator(dtype, p.device), allocator(torch.float32, p.device)
+    row, c_out, n_dw = partial_row(p, p.has_bias), p.C_OUT, p.C_OUT * p.cin_per_group * p.KH * p.KW
+    new_f32 = allocator(torch.float32, p.device)
+    sum_of = summed_weight_gradient(p, reduce, allocator(p.dtype, p.device))
 
     def run(dy, x, copies):
         partial = new_f32(split, row)
         product(*operands(dy, x, copies), partial, *sizes, split)
-        dw = new(*w_shape)
-        dbias = new(c_out) if with_bias else None
-        reduce(partial, dw, dw if dbias is None else dbias, split, n_dw, c_out)
-        return dw, dbias
+        return sum_of(partial, split, n_dw, c_out)
 
     return run

@@ -15,7 +15,7 @@ from ...ops.conv2d.pointwise import Conv2dPointwiseFp32Out
 from ..unfold import fold_kernel, folder, unfold_copy, unfold_kernel
 from ..common import allocator
 from .base import Algorithm, GemmConfig, clamp_pow2, register
-from .partials import partial_row, reduce_kernel
+from .partials import partial_row, reduce_kernel, summed_weight_gradient
 from .pointwise import pointwise_candidates, pointwise_dw_candidates, product_kernel, weight_product_kernel
 
 UNFOLD_SLICE_BYTES = 2**30
@@ -116,10 +116,10 @@ class UnfoldedDw(Algorithm):
                          if rows_outer else None)
             sizes = (1, images * plane) if rows_outer else (images, plane)
             parts.append((first, end, columns, grad_rows, sizes, Launcher(product_kernel_)))
-        row, with_bias, c_out, rows = partial_row(p, p.has_bias), p.has_bias, p.C_OUT, p.unfolded_rows
-        w_shape, dtype, device, n_dw = p.w_shape, p.dtype, p.device, p.C_OUT * p.cin_per_group * p.KH * p.KW
-        total_rows = len(slices) * split
-        new, new_f32 = allocator(dtype, device), allocator(torch.float32, device)
+        row, c_out, rows = partial_row(p, p.has_bias), p.C_OUT, p.unfolded_rows
+        n_dw, total_rows = p.C_OUT * p.cin_per_group * p.KH * p.KW, len(slices) * split
+        new_f32 = allocator(torch.float32, p.device)
+        sum_of = summed_weight_gradient(p, reduce, allocator(p.dtype, p.device))
 
         def run(dy, x, copies):
             partial = new_f32(total_rows, row)
@@ -127,10 +127,7 @@ class UnfoldedDw(Algorithm):
                 dy_part = dy[first:end]
                 launch(grad_rows(dy_part) if grad_rows is not None else dy_part, columns(x[first:end]),
                        partial[index * split:(index + 1) * split], images, rows, c_out, pixels, split)
-            dw = new(*w_shape)
-            dbias = new(c_out) if with_bias else None
-            reduce(partial, dw, dw if dbias is None else dbias, total_rows, n_dw, c_out)
-            return dw, dbias
+            return sum_of(partial, total_rows, n_dw, c_out)
 
         return run
 

@@ -18,7 +18,7 @@ from ...ops.conv2d.winograd_transforms import (POINTS, Conv2dWinogradDy, Conv2dW
 from ..common import allocator
 from ..common import kernel as cached_kernel
 from .base import Algorithm, GemmConfig, clamp_pow2, register
-from .partials import dw_split
+from .partials import dw_split, summed_weight_gradient
 
 WINOGRAD_FIRST_PIXELS = 28 * 28
 # (BLOCK_T, BLOCK_C) of the transforms: the fastest of four tiles on the H200; the interpreter takes large ones.
@@ -132,8 +132,9 @@ class WinogradDw(_Winograd):
     def runner(self, p, config):
         input_transform, dy_transform, products, finish = (Launcher(k) for k in self.kernels(p, config))
         batch, c_in, c_out, height, width, split = p.B, p.C_IN, p.C_OUT, p.H, p.W, config.split
-        tiles, device, w_shape, with_bias = tiles_of(batch, height, width), p.device, p.w_shape, p.has_bias
-        row, new = products_row_size(c_out, c_in, with_bias), allocator(torch.float32, device)
+        tiles, row = tiles_of(batch, height, width), products_row_size(c_out, c_in, p.has_bias)
+        new = allocator(torch.float32, p.device)
+        sum_of = summed_weight_gradient(p, finish, new)
 
         def run(dy, x, copies):
             u = new(POINTS, c_in, tiles)
@@ -142,10 +143,7 @@ class WinogradDw(_Winograd):
             dy_transform(dy, d, batch, c_out, height, width)
             partial = new(split, row)
             products(d, u, partial, c_out, c_in, tiles, split)
-            dw = new(*w_shape)
-            dbias = new(c_out) if with_bias else None
-            finish(partial, dw, dw if dbias is None else dbias, split, c_out, c_in)
-            return dw, dbias
+            return sum_of(partial, split, c_out, c_in)
 
         return run
 
