@@ -101,7 +101,7 @@ def demo(epochs, batch_size, device, seed, out, limit):
 @click.option("--channels-last", is_flag=True, help="Model and images in torch.channels_last.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="Compile the layers' kernels in this many processes beside the step (GPU; default: one per "
-                   "CPU, at most 8; 1: as the step runs).")
+                   "CPU, at most 16; 1: as the step runs).")
 def tune(model, batch_size, image_size, dtype, device, channels_last, jobs):
     """Compile and tune, ahead of training, every kernel one training step of MODEL needs.
 
@@ -144,7 +144,7 @@ def _resolve_kernels(names):
 @click.option("--dtype", "dtypes", type=click.Choice(DTYPES), multiple=True,
               help="Element type(s) to build each kernel for (repeatable)  [default: fp32]")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-              help="Compiler processes run at once  [default: one per CPU, at most 8]")
+              help="Compiler processes run at once  [default: one per CPU, at most 16]")
 @click.argument("kernels", nargs=-1, metavar="[KERNEL]...")
 def compile_command(target, out, dtypes, jobs, kernels):
     """Compile the catalogue (or the named KERNELs) ahead of time; needs no GPU.

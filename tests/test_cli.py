@@ -43,6 +43,15 @@ def test_every_subcommand_has_help(capsys, command):
     assert out.startswith(f"Usage: nnkernels {command}")
 
 
+@pytest.mark.parametrize("command", ["tune", "compile"])
+def test_jobs_help_names_the_cap_the_code_applies(capsys, command):
+    from nnkernels._aot import MOST_JOBS
+
+    code, out, _ = nnkernels(capsys, command, "--help")
+    assert code == 0
+    assert f"one per CPU, at most {MOST_JOBS}" in " ".join(out.split())
+
+
 @pytest.mark.parametrize("args, where", [
     (["frobnicate"], "No such command"),
     (["compile", "--target", "sm_75"], "--target"),
