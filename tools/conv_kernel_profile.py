@@ -13,7 +13,7 @@ import torch
 
 import nnkernels
 from nnkernels.bench import harness
-from nnkernels.bench.conv2d import SUITE, _tensors
+from nnkernels.bench.conv2d import SUITE, layer_tensors
 from nnkernels.bench.resnet50_convs import RESNET50
 
 STEPS = 5
@@ -21,7 +21,7 @@ STEPS = 5
 
 def kernel_times(layer, dtype, conv):
     """{kernel name: mean µs per forward + backward step} for `conv` (nnkernels' or torch's)."""
-    x, w, dy = _tensors(layer, dtype)
+    x, w, dy = layer_tensors(layer, dtype)
     x.requires_grad_()
     w.requires_grad_()
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import triton
 
-from nnkernels._mode import INTERPRETED
+from nnkernels.kernel import INTERPRETED
 from nnkernels.kernel import DTYPE_NAMES, catalogue
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"

@@ -243,7 +243,7 @@ def main(argv=None) -> str:
                   + "".join(f"\n  one only: {k}" for k in alone))
         print(report)
         return report
-    from nnkernels._mode import INTERPRETED
+    from nnkernels.kernel import INTERPRETED
 
     if INTERPRETED:
         parser.error("Triton's interpreter is on: run with TRITON_INTERPRET=0")

@@ -69,7 +69,8 @@ SUITE = [
 PRECISIONS = [("bf16", torch.bfloat16, True), ("fp32-tf32", torch.float32, True), ("fp32-ieee", torch.float32, False)]
 
 
-def _tensors(layer, dtype, seed=0):
+def layer_tensors(layer, dtype, seed=0):
+    """(x, weight, dy) of `layer` in `dtype`, fresh random on the GPU (seeded)."""
     generator = torch.Generator(device="cuda").manual_seed(seed)
     def make(*shape):
         return torch.randn(*shape, device="cuda", dtype=dtype, generator=generator)
@@ -108,7 +109,7 @@ def _compile_worker(layer, dtype_name, tf32, quick, seed):
     from ..functional.conv import precompile
 
     torch.backends.cudnn.allow_tf32 = tf32
-    x, w, dy = _tensors(layer, getattr(torch, dtype_name))
+    x, w, dy = layer_tensors(layer, getattr(torch, dtype_name))
     stride, padding, dilation, groups = _conv_args(layer)
     precompile(x, w, stride, padding, dilation, groups, full=not quick)
     for seed_launch in _seed_launchers(layer, x, w, dy) if seed else ():
@@ -168,7 +169,7 @@ def run(quick: bool = False, layers=None, precisions=None, seed: bool = True, su
         for label, dtype, tf32 in precisions:
             torch.backends.cudnn.allow_tf32 = tf32
             for layer in layers:
-                x, w, dy = _tensors(layer, dtype)
+                x, w, dy = layer_tensors(layer, dtype)
                 stride, padding, dilation, groups = _conv_args(layer)
                 timed_seed = seed and not (quick and label == "fp32-ieee")
                 seeds = _seed_launchers(layer, x, w, dy) if timed_seed else (None, None)

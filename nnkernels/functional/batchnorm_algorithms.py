@@ -332,21 +332,22 @@ def eval_backward_runner(problem, config):
     launches = [Launcher(k) for k in eval_backward_kernels(problem, config)]
     shape, new, new_f32 = problem.shape, allocator(problem.dtype, problem.device), allocator(F32, problem.device)
     if problem.fused:
-        last, chunks = config.channels, 1  # the grouped kernel takes CHANNELS and writes whole sums
+        per_program, chunks = config.channels, 1  # the grouped kernel takes CHANNELS and writes whole sums
     else:
         plan = _eval_plan(problem)
-        last, chunks = plan.tiles_per_chunk, plan.num_chunks
+        per_program, chunks = plan.tiles_per_chunk, plan.num_chunks  # the split one TILES_PER_CHUNK
     backward, total = launches[0], launches[1] if chunks > 1 else None
 
     def run(dy, x, weight, running_mean, running_var, eps):
         dx = new(*shape)
         dweight, dbias = new_f32(C), new_f32(C)
         if total is None:
-            backward(dy, x, dx, weight, running_mean, running_var, dweight, dbias, B, C, HW, last, eps)
+            backward(dy, x, dx, weight, running_mean, running_var, dweight, dbias, B, C, HW, per_program, eps)
             return dx, dweight, dbias
         partial_dweight = new_f32(C * chunks)
         partial_dbias = new_f32(C * chunks)
-        backward(dy, x, dx, weight, running_mean, running_var, partial_dweight, partial_dbias, B, C, HW, last, eps)
+        backward(dy, x, dx, weight, running_mean, running_var, partial_dweight, partial_dbias, B, C, HW,
+                 per_program, eps)
         total(partial_dweight, partial_dbias, dweight, dbias, C, chunks)
         return dx, dweight, dbias
 
