@@ -2,8 +2,9 @@
 calls of these layers (convolutions, batch norms, average poolings) may launch or time, so that the process which
 then runs them finds them in Triton's disk cache instead of compiling them one after another.
 
-A worker (`python -m nnkernels.parallel_compile`) takes one job at a time, a shape's forward or its backward, from
-a queue the parent feeds (the forwards in the step's order, then the backwards in reverse: `Precompiling`) and
+A worker (`python -m nnkernels.parallel_compile`) takes one job at a time, a shape's forward or its backward (a
+convolution's dw or dx), from a queue the parent feeds (the forwards in the step's order, then the backwards in
+reverse: `Precompiling`) and
 compiles its kernels, none run (`kernel.compile_only`; in the interpreter, where nothing compiles, run), nothing
 timed or remembered: for a convolution `nnkernels.functional.conv.precompile` of those passes on fresh random
 tensors of it (per pass the choice tuning remembers, the machine's cache or the shipped table, where there is one,
@@ -52,7 +53,7 @@ def _compile_conv(shape: ConvShape, part: str, dtype: torch.dtype, device: str):
     # A channels-last output mostly means a model moved to channels_last, whose weights are channels-last too.
     weight = weight.contiguous(memory_format=torch.channels_last) if shape.channels_last else weight
     precompile(x, weight, shape.stride, shape.padding, shape.dilation, shape.groups, shape.bias,
-               forward=part == "forward", backward=part == "backward")
+               forward=part == "forward", backward=part != "forward", backward_passes=(part,))
 
 
 def _compile_batch_norm(shape: BatchNormShape, part: str, dtype: torch.dtype, device: str):
@@ -93,20 +94,29 @@ def _compile(shape, part: str, dtype_name: str, tf32: bool, device: str):
         torch.cuda.synchronize()
 
 
+def backward_parts(shape) -> tuple:
+    """The jobs of a layer call's backward: a convolution's dw and dx apart, so that two workers build them at
+    once (a depthwise layer's dw alone can take 20 s); one "backward" job for the other layers."""
+    return ("dw", "dx") if isinstance(shape, ConvShape) else ("backward",)
+
+
 def job_order(shapes) -> list:
     """The (shape, part) jobs of `shapes` (in a step's order) as workers take them: every forward in that order,
     then every backward in reverse, as the step reaches them, so that workers run ahead of the step, not behind."""
-    return [(shape, "forward") for shape in shapes] + [(shape, "backward") for shape in reversed(shapes)]
+    return [(shape, "forward") for shape in shapes] + [(shape, part) for shape in reversed(shapes)
+                                                       for part in backward_parts(shape)]
 
 
 class Precompiling:
     """Workers compiling a list of layer shapes in the background (`start_precompile`): `wait()` until they
-    have done all (raising the first worker's error), or `stop()` them wherever they are. Each shape is two jobs,
-    its forward's kernels and its backward's, taken in `job_order`, but for those this process `claim`s first."""
+    have done all (raising the first worker's error), or `stop()` them wherever they are. Each shape's jobs, its
+    forward's kernels and its backward's (`backward_parts`), are taken in `job_order`, but for those this process
+    `claim`s first."""
 
     def __init__(self, shapes, header, jobs):
         self.shapes, self._children, self._stopped = shapes, [], False
-        self._pending = collections.deque(job_order(shapes))
+        self.jobs = job_order(shapes)  # every job, in the order the workers take them
+        self._pending = collections.deque(self.jobs)
         self._held: set = set()  # the jobs a worker is compiling now
         self._lock = threading.Lock()
         self._answers = threading.Condition()  # guards _pending and _held; notified as each job is answered
@@ -114,7 +124,7 @@ class Precompiling:
         self.compiled: list = []  # the (shape, part) jobs answered without error
         self.claimed: list = []  # the jobs this process took from the queue to compile itself (`claim`)
         self._threads = [threading.Thread(target=self._work, args=(header,), daemon=True)
-                         for _ in range(max(1, min(jobs, 2 * len(shapes))))]
+                         for _ in range(max(1, min(jobs, len(self._pending))))]
         compile_jobs.add(self)
         for thread in self._threads:
             thread.start()

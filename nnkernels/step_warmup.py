@@ -106,7 +106,7 @@ def _stop(compiling, who: str = "nnkernels.warmup"):
     compiling.stop()
     if compiling.failures:
         log.warning("%s: compiling ahead failed for %d of %d jobs (%s); the step compiled those itself", who,
-                    len(compiling.failures), 2 * len(compiling.shapes), _first_line(compiling.failures[0]))
+                    len(compiling.failures), len(compiling.jobs), _first_line(compiling.failures[0]))
 
 
 def warmup(model: torch.nn.Module, example_inputs, *, backward: bool = True, progress: bool = True,

@@ -238,6 +238,30 @@ def test_precompile_launches_the_kernels_the_op_picks(x_shape, w_shape, options,
     assert {k for k in launched if k.split("__")[0] not in copies} == {
         k for k in kernels_for(x_shape, w_shape, bias=bias, dtype=dtype, **options) if k.split("__")[0] not in copies}
 
+@pytest.mark.skipif(not INTERPRETED, reason="on the GPU precompile launches several candidates per kernel by design")
+def test_precompile_of_one_backward_pass_launches_that_pass_alone(monkeypatch):
+    """A background job builds a convolution's dw or its dx (`backward_passes`): each launches its own pass's kernels
+    and none of the forward's, and the two together launch what the whole backward does."""
+    from nnkernels.functional.conv import precompile
+
+    x, w = randn(2, 8, 6, 6), randn(12, 8, 3, 3)
+    launched = []
+    checked_launch = KernelObject.checked_launch
+    monkeypatch.setattr(KernelObject, "checked_launch", lambda kernel, args: launched.append(kernel.id) or
+                        checked_launch(kernel, args))
+
+    def ids(**options):
+        launched.clear()
+        precompile(x, w, padding=1, **options)
+        return set(launched)
+
+    forward, backward = ids(backward=False), ids(forward=False)
+    dw, dx = (ids(forward=False, backward_passes=(part,)) for part in ("dw", "dx"))
+    assert dw and dx and dw | dx == backward
+    assert not {k.split("__")[0] for k in dw} & {k.split("__")[0] for k in dx if "copy" not in k}
+    assert not (dw | dx) & (forward - backward)
+
+
 def test_precompile_launches_only_a_remembered_choice(gpu_lists, monkeypatch):
     """Where tuning remembers a pass's choice (the cache or the shipped table), precompile launches that choice's
     kernels only, not the candidates quick tuning would time."""

@@ -204,10 +204,15 @@ def test_the_meta_pass_marks_channels_last_calls():
 
 
 def test_workers_take_the_forwards_in_the_steps_order_then_the_backwards_in_reverse():
+    from nnkernels.layer_calls import ConvShape
     from nnkernels.parallel_compile import job_order
 
     assert job_order(["a", "b", "c"]) == [("a", "forward"), ("b", "forward"), ("c", "forward"), ("c", "backward"),
                                           ("b", "backward"), ("a", "backward")]
+    conv = ConvShape((1, 4, 6, 6), (8, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, False)
+    # a convolution's backward is two jobs, so that two workers build its dw and dx at once
+    assert job_order(["a", conv]) == [("a", "forward"), (conv, "forward"), (conv, "dw"), (conv, "dx"),
+                                      ("a", "backward")]
 
 
 def test_a_worker_that_dies_is_replaced_and_the_other_shapes_still_compile():
@@ -226,8 +231,9 @@ def test_a_worker_that_dies_is_replaced_and_the_other_shapes_still_compile():
     with pytest.raises(RuntimeError, match=r"precompiling the forward of the convolution 3x3 4->8 6x\d+ p1 failed "
                                            r"\(its process ended with exit status -9\)"):
         compiling.wait()
-    # a forward and a backward job per shape, the killed worker's job lost
-    assert len(compiling.failures) == 1 and len(set(compiling.compiled)) == 2 * len(shapes) - 1
+    # a forward, a dw and a dx job per shape, the killed worker's job lost
+    assert len(compiling.jobs) == 3 * len(shapes)
+    assert len(compiling.failures) == 1 and len(set(compiling.compiled)) == len(compiling.jobs) - 1
 
 
 def test_a_job_this_process_claims_leaves_the_queue():

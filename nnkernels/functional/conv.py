@@ -283,7 +283,8 @@ class Conv2dPlan:
         return conv2d_grads(dy, x, weight, *self.args, needs)
 
     def _first_backward(self, dy, x, weight, needs):
-        with building("conv2d", "backward", self.x_shape, [(self.layer_call, "backward")]):
+        jobs = [(self.layer_call, part) for part, needed in (("dx", needs[0]), ("dw", needs[1] or needs[2])) if needed]
+        with building("conv2d", "backward", self.x_shape, jobs):
             if needs not in self._backward:
                 self._backward[needs] = _backward_runner(self.problem(needs[2]), needs, dy, x, weight)
             return self.backward(dy, x, weight, needs)  # its first launches compile what no candidate timed
@@ -584,10 +585,11 @@ def remembered_choices(x_shape, weight_shape, stride, padding, dilation, groups,
 
 
 def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False, backward=True, full=False,
-               forward=True):
+               forward=True, backward_passes=("dx", "dw")):
     """Run once each, on scratch outputs, every choice `conv2d` could make for this call, timing and remembering
-    nothing: per pass (the forward with `forward`, dx and dw with `backward`) the choice tuning remembers (this
-    machine's cache or the shipped table) where there is one, else those quick tuning times (all with `full`).
+    nothing: per pass (the forward with `forward`, with `backward` those of `backward_passes`, dx and dw) the choice
+    tuning remembers (this machine's cache or the shipped table) where there is one, else those quick tuning times
+    (all with `full`).
     Triton then has them all in its disk cache, so another process (one that trains or tunes) loads them instead
     of compiling. A channels-last x or weight compiles the channels-last choices, as `conv2d` would run them."""
     from .. import tuning
@@ -599,7 +601,7 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
         return [known] if known is not None else pass_.candidates()[:count]
 
     for name, _, call in choice_calls(x, weight, stride, padding, dilation, groups, bias, backward, choices):
-        if forward or name != "forward":
+        if forward if name == "forward" else name in backward_passes:
             call()
 
 
