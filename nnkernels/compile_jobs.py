@@ -34,3 +34,15 @@ def claim(*jobs):
     for compiling in running:
         for job in jobs:
             compiling.claim(job)
+
+
+def drop(*jobs):
+    """`jobs` that this process's step will not run (a convolution's dx where its input takes no gradient): a queued
+    one leaves the background queues, compiled by no one; one a worker holds is left to finish, not waited for."""
+    if not _running:
+        return
+    with _lock:
+        running = list(_running)
+    for compiling in running:
+        for job in jobs:
+            compiling.drop(job)

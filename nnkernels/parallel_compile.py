@@ -123,6 +123,7 @@ class Precompiling:
         self.failures: list[str] = []
         self.compiled: list = []  # the (shape, part) jobs answered without error
         self.claimed: list = []  # the jobs this process took from the queue to compile itself (`claim`)
+        self.dropped: list = []  # the jobs this process said it will not need, taken from the queue (`drop`)
         self._threads = [threading.Thread(target=self._work, args=(header,), daemon=True)
                          for _ in range(max(1, min(jobs, len(self._pending))))]
         compile_jobs.add(self)
@@ -155,6 +156,14 @@ class Precompiling:
                 self.claimed.append(job)
                 return
             self._answers.wait_for(lambda: job not in self._held or self._stopped, timeout)
+
+    def drop(self, job):
+        """Where this process will not need `job`: a queued job leaves the queue, compiled by no one; a job a worker
+        holds is not waited for."""
+        with self._answers:
+            if job in self._pending:
+                self._pending.remove(job)
+                self.dropped.append(job)
 
     def _serve(self, header) -> bool:
         """One worker process's life: whether it died before the jobs ran out."""

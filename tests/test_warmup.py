@@ -250,6 +250,30 @@ def test_a_job_this_process_claims_leaves_the_queue():
     assert sorted(map(repr, compiling.compiled)) == sorted(map(repr, job_order(shapes)[:-1]))
 
 
+def test_a_job_this_process_drops_leaves_the_queue_and_a_held_one_is_not_waited_for():
+    """A pass the step will not run (the first convolution's dx) is compiled by no one where still queued; where a
+    worker holds it, dropping returns at once."""
+    import time
+
+    from nnkernels.layer_calls import ConvShape
+    from nnkernels.parallel_compile import job_order, start_precompile
+
+    shapes = [ConvShape((1, 4, 6, 6 + i), (8, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, False) for i in range(2)]
+    compiling = start_precompile(shapes, torch.float32, jobs=1, device=DEVICE)
+    first, last = job_order(shapes)[0], job_order(shapes)[-1]
+    deadline = time.monotonic() + 60
+    while first not in compiling._held:
+        assert time.monotonic() < deadline, "no worker took the first job"
+        time.sleep(0.01)
+    began = time.perf_counter()
+    compiling.drop(first)
+    compiling.drop(last)
+    assert time.perf_counter() - began < 1
+    assert compiling.wait() == 2
+    assert compiling.dropped == [last] and last not in compiling.compiled and first in compiling.compiled
+    assert sorted(map(repr, compiling.compiled)) == sorted(map(repr, job_order(shapes)[:-1]))
+
+
 def test_a_claim_waits_for_the_job_a_worker_holds():
     """A job a worker is compiling is waited for, not compiled a second time beside it."""
     import time
@@ -299,6 +323,9 @@ def test_the_steps_first_calls_claim_their_layers_jobs(monkeypatch):
     monkeypatch.setattr(step_warmup, "INTERPRETED", False)
     monkeypatch.setattr(parallel_compile, "start_precompile", start)
     warmup(_model(), randn(2, 3, 8, 8), progress=False, jobs=2)
-    compiled, claimed = started[0].compiled, started[0].claimed
-    assert not set(compiled) & set(claimed)
-    assert set(compiled) | set(claimed) == set(parallel_compile.job_order(started[0].shapes))
+    compiled, claimed, dropped = started[0].compiled, started[0].claimed, started[0].dropped
+    assert not set(compiled) & set(claimed) and not (set(compiled) | set(claimed)) & set(dropped)
+    assert set(compiled) | set(claimed) | set(dropped) == set(parallel_compile.job_order(started[0].shapes))
+    # the first convolution's input takes no gradient: its dx is compiled by no one, or by a worker that got there
+    first_dx = (started[0].shapes[0], "dx")
+    assert first_dx in dropped or first_dx in compiled

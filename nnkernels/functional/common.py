@@ -186,15 +186,17 @@ class PlanCache:
 
 
 @contextlib.contextmanager
-def building(op: str, step: str, shape, jobs=()):
+def building(op: str, step: str, shape, jobs=(), unneeded=()):
     """Held while a plan makes its choices for `step` on its first call and runs it (compiling kernels, tuning on
     the GPU, the chosen kernels' first launches): one lock for all ops, and one log line where that takes longer
     than SLOW_BUILD_S, at WARNING level the first time in a process (so that a user sees what the wait was), at
-    INFO after. `jobs`: the (layer shape, part) jobs of background compiles this build does (`compile_jobs`)."""
+    INFO after. `jobs`: the (layer shape, part) jobs of background compiles this build does (`compile_jobs`);
+    `unneeded`: those of the same layer it has no use for."""
     global _slow_builds
     began = time.perf_counter()
     with _BUILDING:
         compile_jobs.claim(*jobs)
+        compile_jobs.drop(*unneeded)
         yield
     took = time.perf_counter() - began
     if took > SLOW_BUILD_S:

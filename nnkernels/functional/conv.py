@@ -283,8 +283,10 @@ class Conv2dPlan:
         return conv2d_grads(dy, x, weight, *self.args, needs)
 
     def _first_backward(self, dy, x, weight, needs):
-        jobs = [(self.layer_call, part) for part, needed in (("dx", needs[0]), ("dw", needs[1] or needs[2])) if needed]
-        with building("conv2d", "backward", self.x_shape, jobs):
+        parts = {"dx": needs[0], "dw": needs[1] or needs[2]}
+        jobs = [(self.layer_call, part) for part, needed in parts.items() if needed]
+        unneeded = [(self.layer_call, part) for part, needed in parts.items() if not needed]
+        with building("conv2d", "backward", self.x_shape, jobs, unneeded):
             if needs not in self._backward:
                 self._backward[needs] = _backward_runner(self.problem(needs[2]), needs, dy, x, weight)
             return self.backward(dy, x, weight, needs)  # its first launches compile what no candidate timed
