@@ -4,17 +4,16 @@ then runs them finds them in Triton's disk cache instead of compiling them one a
 
 A worker (`python -m nnkernels.parallel_compile`) takes one job at a time, a shape's forward or its backward (a
 convolution's dw or dx), from a queue the parent feeds (the forwards in the step's order, then the backwards in
-reverse: `Precompiling`) and
-compiles its kernels, none run (`kernel.compile_only`; in the interpreter, where nothing compiles, run), nothing
-timed or remembered: for a convolution `nnkernels.functional.conv.precompile` of those passes on fresh random
-tensors of it (per pass the choice tuning remembers, the machine's cache or the shipped table, where there is one,
-else the candidates quick tuning would time); for a batch norm or a pooling, the functional op's forward (and
-backward) on such tensors, where tuning runs the choices the parent's tuning would time (`tuning.compile_for`).
-`start_precompile` does it in the background: `warmup` runs its step meanwhile and stops the workers when the
-step is done, and the step's first calls claim the jobs they reach (`compile_jobs`: a queued one leaves the queue,
-one a worker holds is waited for). Workers are new interpreters started with `-m`, not multiprocessing's spawned
-children, which would first re-run the user's script (its `__main__`); they share the parent's environment, so its
-Triton cache and interpreter mode.
+reverse: `Precompiling`) and compiles its kernels, none run (`kernel.compile_only`; in the interpreter, where
+nothing compiles, run), nothing timed or remembered: for a convolution `nnkernels.functional.conv.precompile` of
+those passes on fresh random tensors of it (per pass the choice tuning remembers, the machine's cache or the shipped
+table, where there is one, else the candidates quick tuning would time); for a batch norm or a pooling, the
+functional op's forward (and backward) on such tensors, where tuning runs the choices the parent's tuning would time
+(`tuning.compile_for`). `start_precompile` does it in the background: `warmup` runs its step meanwhile and stops the
+workers when the step is done, and the step's first calls claim the jobs they reach (`compile_jobs`: a queued one
+leaves the queue, one a worker holds is waited for). Workers are new interpreters started with `-m`, not
+multiprocessing's spawned children, which would first re-run the user's script (its `__main__`); they share the
+parent's environment, so its Triton cache and interpreter mode.
 """
 from __future__ import annotations
 
