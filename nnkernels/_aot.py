@@ -31,8 +31,8 @@ def _spec(kernel) -> tuple:
             kernel.num_warps, kernel.num_stages)
 
 
-# Each child holds torch and Triton (some hundreds of MB). A cold first step on a 16-CPU machine took 47.6 s with
-# 15 of them against 51.5 s with 8 (efficientnet_b0, H100 machine, 2026-12-08).
+# Each child holds torch and Triton (some hundreds of MB). On a 16-CPU machine a cold first step was faster with
+# 15 of them than with 8 (docs/notes.md, "The first step").
 MOST_JOBS = 16
 
 

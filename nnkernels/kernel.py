@@ -62,8 +62,8 @@ def compile_only():
 
 def _on_device(device: torch.device):
     """The context a launch on `device` runs in: Triton launches on the current GPU, so switch to `device`
-    unless it is current already (or a CPU). On the H200 machine a `torch.cuda.device` context took 4.8 µs
-    a launch, asking for the current device 0.6."""
+    unless it is current already (or a CPU): a `torch.cuda.device` context costs several times as much as
+    asking which device is current (docs/notes.md, "Host time")."""
     if device.type != "cuda" or device.index == torch.cuda.current_device():
         return contextlib.nullcontext()
     return torch.cuda.device(device)
@@ -84,9 +84,8 @@ def _can_run_directly(compiled) -> bool:
 def _run_compiled(compiled, grid, device_index, full_args):
     """Launch a kernel Triton compiled for these arguments' specialization, as `JITFunction.run` launches it
     once it has found the kernel in its cache (the same call in Triton 3.6 and 3.9). That search (binding
-    the arguments, specialising them, hashing the key, checking the kernel's globals) is what this skips:
-    on the H200 machine a convolution's eager forward + backward (ten launches) spent 970 µs of host time
-    in `launch` through Triton's JIT and 648 µs this way."""
+    the arguments, specialising them, hashing the key, checking the kernel's globals) is what this skips, a
+    third of a launch's host time through Triton's JIT (docs/notes.md, "Host time")."""
     stream = driver.active.get_current_stream(device_index)
     grid_y = grid[1] if len(grid) > 1 else 1
     grid_z = grid[2] if len(grid) > 2 else 1

@@ -2,7 +2,7 @@
 
 A compiled process runs the kernels on a GPU, and candidate configs are sized for its SMs; an interpreted
 process runs them on the CPU, where few, large programs are fastest. One `Machine` per device, asked of
-torch once (`torch.cuda.get_device_properties` took 6.2 µs a call on the H200 machine).
+torch once, since asking torch costs host time on every call (docs/notes.md, "Host time").
 """
 from __future__ import annotations
 

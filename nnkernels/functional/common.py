@@ -147,9 +147,9 @@ def aligned(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def direct_apply(function: type[torch.autograd.Function]):
-    """`function.apply` without torch's Python wrapper, which costs ~4 µs a call on a 2-core CPU: outside functorch
-    transforms that wrapper only unwraps dead functorch wrappers (done here, on the tensor arguments) before the C
-    apply; under a transform (vmap, grad) the call takes the wrapper."""
+    """`function.apply` without torch's Python wrapper, whose cost shows in every eager call (docs/notes.md, "Host
+    time"): outside functorch transforms that wrapper only unwraps dead functorch wrappers (done here, on the
+    tensor arguments) before the C apply; under a transform (vmap, grad) the call takes the wrapper."""
     c_apply = super(torch.autograd.Function, function).apply
     transforms_active = torch._C._are_functorch_transforms_active
     unwrap, tensor = torch._C._functorch.unwrap_if_dead, torch.Tensor

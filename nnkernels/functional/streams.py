@@ -5,14 +5,12 @@ one after the other otherwise.
 A convolution's backward is two independent products, dx and dw (with its ordered reduce). Several of
 them leave the GPU partly idle (memory-bound 1x1 products at a quarter of the copy rate, grids whose
 last wave fills few SMs), so running dw beside dx overlaps the two; the kernels and their results are
-the same, bit for bit. On the H200 (B32, backward, CUDA-graph replay, same process): bf16 1x1 256->64
-@56 62.8 -> 52.7 µs, TF32 97.6 -> 81.4; bf16 512@7 80.9 -> 73.8; the stem 278.0 -> 257.8 (bf16) and
-374.3 -> 353.8 (TF32); bf16 128@28 lost, 76.1 -> 81.5 (2026-12, torch 2.11, triton 3.6).
+the same, bit for bit. In a CUDA graph that shortened the backward of most layers tried (docs/notes.md,
+"dw beside dx on a side stream").
 
-Outside a capture the fork is not worth its host time: it costs 20 to 130 µs of Python and stream calls per
-backward, and an eager convolution's host time exceeds its GPU time, so the GPU has nothing to overlap. On
-the H200 machine (eager 3x3 forward + backward, 2026-12) one after the other was faster at every
-size tried, up to B128 64@56 fp32: 1.33 against 1.53 ms a step.
+Outside a capture the fork is not worth its host time: its Python and stream calls add to every backward,
+and an eager convolution's host time exceeds its GPU time, so the GPU has nothing to overlap; one after
+the other was faster at every size tried (docs/notes.md, same section).
 
 Ordering is that of one stream: the side stream waits for everything queued on the current stream
 before the fork, and the current stream waits for the side stream before anything queued after the

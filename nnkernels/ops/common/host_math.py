@@ -1,8 +1,8 @@
 """Integer helpers for grids and tiles on the host, where the launchers run them on every call.
 
 `triton.cdiv` and `triton.next_power_of_2` are Triton constexpr functions (3.6 and 3.9): each host
-call goes through their argument unwrapping, about 8 µs on this project's 2-core CPU. A conv
-forward + backward made 27 such calls, a fifth of its Python time with the kernels stubbed out.
+call goes through their argument unwrapping, which costs far more than the arithmetic, and a
+convolution's forward + backward makes dozens of them (docs/notes.md, "Host time").
 """
 
 

@@ -1,9 +1,9 @@
 """Layout change NCHW -> NHWC: `ChannelsLastCopy` (launched by `nnkernels.functional.layout`).
 
-The channels-last convolution kernels read copies of their inputs with channels last. Measured
-on the H200 (B32 C64 56x56 bf16), `t.permute(0, 2, 3, 1).contiguous()` takes 36 us where one
-memory pass at 4.27 TB/s takes 6 us; a tile transpose (a tile read along pixels, written along
-channels; 64x64 measured best) took 11.1 us. The same kernel turns a weight
+The channels-last convolution kernels read copies of their inputs with channels last. A tile
+transpose (a tile read along pixels, written along channels) makes them at about the speed of a
+plain copy, several times faster than `t.permute(0, 2, 3, 1).contiguous()` (docs/notes.md, "Layout
+copies"). The same kernel turns a weight
 [C_OUT, C_IN, KH, KW] into [C_OUT, KH, KW, C_IN] (B = C_OUT, C = C_IN, HW = KH*KW), with tiles
 narrowed to its few pixels (`channels_last_tiles`).
 """
@@ -23,12 +23,10 @@ INTERPRETED_TILE_ELEMENTS = 4096
 
 
 def channels_last_tiles(c, hw, interpreted=INTERPRETED):
-    """(BLOCK_C, BLOCK_P) for a [B, c, hw] -> [B, hw, c] copy. Compiled: 4096-element tiles, 64x64 (measured
-    best on the H200 for a B32 C64 56x56 bf16 activation) narrowed to 32 or 16 pixels where hw is smaller
-    than 64, so that a 3x3 weight (hw = 9) or a 7x7 plane does not leave most of a 64-pixel tile's lanes
-    idle. Measured on the H200 (CUDA-graph replay of the copy alone, µs, 2026-12-02): 512x512x3x3 bf16
-    weight 13.8 -> 8.2, 256x256x3x3 fp32 8.2 -> 5.9, B32 C512 7x7 bf16 activation 6.8 -> 5.6. In the
-    interpreter, one tile of up to 4096 elements covering as much as it can."""
+    """(BLOCK_C, BLOCK_P) for a [B, c, hw] -> [B, hw, c] copy. Compiled: 4096-element tiles, 64x64 (the
+    fastest for a large activation) narrowed to 32 or 16 pixels where hw is smaller than 64, so that a 3x3
+    weight (hw = 9) or a 7x7 plane does not leave most of a 64-pixel tile's lanes idle (docs/notes.md,
+    "Layout copies"). In the interpreter, one tile of up to 4096 elements covering as much as it can."""
     if not interpreted:
         block_p = min(64, max(16, power_of_2_at_most(hw)))
         return 4096 // block_p, block_p

@@ -3,10 +3,9 @@
 fp32 with TF32 allowed (`torch.backends.cudnn.allow_tf32`, PyTorch's default) multiplies in TF32
 (10-bit mantissas), as cuDNN does. With TF32 off, PyTorch promises full fp32 accuracy; the
 products then use three TF32 products per term ("tf32x3": a = a_hi + a_lo with a_hi = tf32(a),
-a_hi*b_hi + a_hi*b_lo + a_lo*b_hi), which keeps 21 to 22 bits of each product and sums in fp32.
-Measured on the H200 (r50 3x3 layers, B32, fp32, max error over the largest |y| against float64):
-2.2e-7 to 4.9e-7, where cuDNN's own fp32 gave 3.2e-7 to 3.3e-6 and Triton's FMA products
-("ieee") 9.6e-7 to 2.8e-6; and 3x faster than the FMA products. An Inf input's low part,
+a_hi*b_hi + a_hi*b_lo + a_lo*b_hi), which keeps 21 to 22 bits of each product and sums in fp32:
+as accurate as cuDNN's own fp32 and Triton's FMA products ("ieee"), and faster than the latter
+(docs/notes.md, "fp32 on tensor cores: tf32x3, bf16x3, rounding"). An Inf input's low part,
 a - tf32(a), is NaN: Triton's tf32x3 lowering (its F32DotTC pass) replaces NaN in the low-part
 products by 0 (its compiled IR has the check in Triton 3.6 and 3.9), so Inf propagates as in fp32;
 tests/test_special_values.py checks it on the GPU.
@@ -14,26 +13,21 @@ tests/test_special_values.py checks it on the GPU.
 TF32 tensor cores read only tiles whose reduced dimension is the contiguous one (K-major) from shared
 memory. Where a kernel's fp32 tile runs along another dimension (NCHW pixels in the 1x1 kernels,
 channels-last channels in the TMA weight gradient), Triton writes it to shared memory transposed, 4
-bytes at a time, and those kernels ran at 0.4x to 0.9x cuDNN's speed in TF32. Two ways round it:
+bytes at a time, which left those kernels behind cuDNN in TF32. Two ways round it:
 
 - `tf32_rounded`: wgmma also takes its first operand from registers, in any layout. A tile that is
   computed, not loaded, stays there, so the 1x1 kernels make the pixel-major x tile the first operand
   (y^T = x^T @ w^T) and round it to TF32 themselves; the weight tile, the second operand, is K-major.
-  On the H200 (B32, fp32, best tiles, against the three bf16 products below, same run): the 1x1 forward
-  256->64 @56 51.7 -> 40.8 µs (cuDNN 43.0), dx 64->256 55.8 -> 46.5 (cuDNN 54.0), the stem's dx columns
-  64 -> 147 rows @112 124.2 -> 104.9; error 4.6e-4 of the norm (cuDNN's TF32 3.0e-4, the channels-last
-  kernels' 7.7e-4: they truncate both operands).
+  Faster there than the three bf16 products below, with an error between cuDNN's TF32 and the
+  channels-last kernels', which truncate both operands.
 - `bf16x3_dot`, where both operands are tiles of the wrong major-ness (the weight gradient's): bf16
   tensor cores read either, so it splits each fp32 value into two bf16 parts (hi = bf16(v), lo =
   bf16(v - hi), 16 bits of v in all) and sums three bf16 products, hi*hi + hi*lo + lo*hi (the dropped
-  lo*lo is under 2^-16 of the product; 4.4e-6 of the result's norm over random data). It is more
-  accurate than TF32, and faster where TF32 had to transpose; on the H200 (B32, fp32, best candidate
-  each, max error over the largest |y| against float64, same run as cuDNN's TF32): the TMA weight
-  gradient of r50's 3x3 layers 112 -> 86 µs (64@56; cuDNN 128), 154 -> 84 (128@28; 85), 99 -> 96
-  (256@14; 80) and 116 -> 119 (512@7; 78); error 7.5e-4 to 8.4e-4 -> 4.5e-6 to 6.3e-6 (cuDNN's 3.1e-4
-  to 8.4e-4). Keeping the low-part products in their own accumulator (`bf16x3_total`) is what makes
-  Inf safe without guarding every element: splits that zero the Inf of hi for the cross products ran
-  7% to 15% slower, same run.
+  lo*lo is under 2^-16 of the product; 4.4e-6 of the result's norm over random data). It is far more
+  accurate than TF32 and, where TF32 had to transpose, faster on all but the smallest planes (the TMA
+  weight gradient of r50's 3x3 layers; docs/notes.md, "fp32 on tensor cores: tf32x3, bf16x3, rounding").
+  Keeping the low-part products in their own accumulator (`bf16x3_total`) is what makes Inf safe
+  without guarding every element: splits that zero the Inf of hi for the cross products were slower.
 """
 import triton
 import triton.language as tl

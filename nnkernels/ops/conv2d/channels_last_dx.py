@@ -4,14 +4,13 @@ The gather form of `conv2d_gemm_dx.py` (programs split the pixels of dx by their
 (ih mod STRIDE_H, iw mod STRIDE_W), so each program's contributing taps are one arithmetic
 progression per axis and no term is a multiplication by zero), reading dy channels-last: a
 K-slice is BLOCK_K consecutive channels of one dy pixel, 16-byte loads the compiler pipelines,
-where the NCHW kernel gathers single elements. Measured on the H200 that NCHW gather ran the
-stem's dx (3 input channels, 7x7, stride 2) at 0.9 TFLOP/s.
+where the NCHW kernel gathers single elements, which keeps the tensor cores nearly idle
+(docs/notes.md, "Convolution: implicit-GEMM tiling").
 
 With a stride, a program's pixels are every STRIDE_W-th of a row: written to NCHW that is two
-bytes at every other address (bf16, stride 2), and ResNet-50's stride-2 3x3 layers took 2.3x to
-3.3x longer than cuDNN for their whole backward on the H200 (the dx kernel 0.49 ms of 0.77 for
-B64 128@56). DX_NHWC writes dx channels-last instead (whole runs of BLOCK_N channels per
-pixel); the caller transposes it to NCHW.
+bytes at every other address (bf16, stride 2), which made the dx most of a strided 3x3 layer's
+backward and left it far behind cuDNN's. DX_NHWC writes dx channels-last instead (whole runs of
+BLOCK_N channels per pixel); the caller transposes it to NCHW (docs/notes.md, "Convolution: implicit-GEMM tiling").
 """
 import math
 

@@ -98,9 +98,9 @@ def conv2d_dw_reduce(partial, dw, dbias, SPLIT, N_DW, C_OUT, HAS_BIAS: tl.conste
     and, when HAS_BIAS, dbias[p] = sum over s of partial[s, N_DW + p] for its p < C_OUT (P >= C_OUT).
     Sums in fp32, SPLIT_ROWS rows at a time in split order (`_split_sum`: the same order every run),
     rounded once. dw[p*TAPS + tap] is dw's [C_OUT, C_IN, KH, KW] order: a program's stores are one
-    contiguous run (loads run along p, stores along taps). On the H200 a reduce that stored each
-    tap's values TAPS apart took 18.7 us for ResNet-50's 512-channel bf16 dw in one split, this one
-    10.1 us. Every element of dw (and dbias) is written; dbias is not touched unless HAS_BIAS.
+    contiguous run (loads run along p, stores along taps), because stores of each tap's values TAPS
+    apart write one memory sector per value (docs/notes.md, "Weight gradients: the pipeliner race and the
+    reduce"). Every element of dw (and dbias) is written; dbias is not touched unless HAS_BIAS.
     """
     positions = N_DW // TAPS
     row_len = partial_row_length(N_DW, C_OUT, HAS_BIAS)

@@ -119,8 +119,9 @@ def pointwise_tf32_product(
     """The body of `conv2d_pointwise` for fp32 x with TF32, in either tiling: the same sums transposed,
     y[b]^T = x[b]^T @ w^T, so that the x tile ([BLOCK_N pixels, BLOCK_K], pixels contiguous), rounded by
     `tf32_rounded`, is the product's register operand and the w^T tile the K-major one, which the tensor
-    cores read from shared memory and truncate to TF32 (rounding it too cost 40.6 -> 49.7 µs on the H200,
-    B32 256->64 @56, for an error of 2.9e-4 instead of 4.6e-4 of the norm)."""
+    cores read from shared memory and truncate to TF32 (rounding it too sends it through registers and
+    back, which cost more time than the accuracy it bought; docs/notes.md, "fp32 on tensor cores: tf32x3,
+    bf16x3, rounding")."""
     b, pixel, pixel_ok = image_pixel_tile(HW, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
     x_tile_ptr = x + b.to(tl.int64) * C_IN * HW + k[None, :].to(tl.int64) * HW + pixel[:, None]
@@ -167,12 +168,12 @@ def conv2d_pointwise(
     BLOCK_M from pm*T on:
         y[b, c_out, p] = bias[c_out] + sum over c_in of w[c_out, c_in] * x[b, c_in, p].
     M_TILES = 0: one channel tile, the sum over C_IN in BLOCK_K slices. M_TILES > 0 (C_IN <= BLOCK_K): the
-    x tile holds the whole sum and is loaded once for the T tiles (dx of a 1x1 layer, whose reduction is
-    its C_OUT: on the H200, B32 64 -> 256 @56, 34.6 -> 29.3 µs in bf16).
+    x tile holds the whole sum and is loaded once for the T tiles, not once per tile (dx of a 1x1 layer,
+    whose reduction is its C_OUT; docs/notes.md, "Convolution: implicit-GEMM tiling").
     Sums accumulated in fp32, y rounded once; fp32 with TF32 in TF32 products (`pointwise_tf32_product`: x
-    rounded to nearest, w truncated), fp32 otherwise in FMA products, not `conv_dot`'s
-    tf32x3 (on the H200, B32 256->64 @56 took 99 µs with FMA products and 180 µs with tf32x3; 64->256,
-    107 and 142). Every element of y is written; bias is read only when HAS_BIAS.
+    rounded to nearest, w truncated), fp32 otherwise in FMA products, not `conv_dot`'s tf32x3, which is
+    slower here because the x tile runs along pixels, not K (docs/notes.md, "fp32 on tensor cores: tf32x3,
+    bf16x3, rounding"). Every element of y is written; bias is read only when HAS_BIAS.
     With W_TRANSPOSED, w[c_out, c_in] is read at w + c_in * C_OUT + c_out: called so with the forward's own
     weight ([C_OUT, C_IN] of the forward) and dy for x, it computes dx.
     """
@@ -196,8 +197,8 @@ def conv2d_pointwise_fp32_out(
 
     Grid, programs and products as conv2d_pointwise's. nnkernels.conv2d's dx of a convolution with few
     input channels runs it on dy with the weight as [C_OUT, C_IN*KH*KW], W_TRANSPOSED, for the columns that
-    `Fold2d` sums, so
-    that dx is rounded once (the stem, 64 -> 147 rows @112, B32: 131.2 -> 83.3 µs in bf16 at M_TILES = 3).
+    `Fold2d` sums, so that dx is rounded once. The stem's reduction (its 64 output channels) fits one x
+    tile, so M_TILES > 0 suits it (docs/notes.md, "Convolution: implicit-GEMM tiling").
     """
     conv2d_pointwise(x, w, y, y, B, C_IN, C_OUT, HW, False, TF32, W_TRANSPOSED, BLOCK_M, BLOCK_N, BLOCK_K, M_TILES)
 

@@ -1,8 +1,8 @@
 """Convolution weight gradient from tiles the tensor memory accelerator copies: `Conv2dTmaDw`.
 
 The channels-last dw kernel (`Conv2dGemmClDw`) computes a pointer and a mask per element of its
-tiles; measured on the H200 it ran ResNet-50's 3x3 layers at 68 to 77 µs (bf16, B32) where
-cuDNN's weight gradient took 18 to 26. Here every tile is one box of a 4-D tensor descriptor,
+tiles, and that address arithmetic left it several times slower than cuDNN's weight gradient
+(docs/notes.md, "TMA"). Here every tile is one box of a 4-D tensor descriptor,
 [1 image, BOX_H rows, BOX_W columns, channels], copied by the TMA unit: no per-element address
 arithmetic, and the copy itself fills with zeros whatever lies outside the tensor, which for x
 is exactly the convolution's zero padding (a box starting at row -1 reads zeros there) and for

@@ -4,9 +4,9 @@
 one stride phase, whose dy pixels for a tap lie one dy pixel apart, so a pixel tile taken as a box of the phase
 grid, [BOX_B images, BOX_H rows, BOX_W columns], meets dy in one box shifted by the tap: one box of a 4-D
 tensor descriptor, copied by the TMA, whose zero fill outside dy is exactly the taps that reach past its edge.
-The weight tile is a box of a 2-D descriptor. On ResNet-50's 3x3 512-channel 14x14 stride-2 layer (H100, B32,
-bf16) the pointer kernel's dx ran at 117 TFLOP/s where cuDNN's whole backward ran at 285; with this one and the
-strided TMA dw that layer's backward went from 0.37x to 0.51x cuDNN's. Stride-1 layers run their dx as a forward.
+The weight tile is a box of a 2-D descriptor. It and the strided TMA dw replace the pointer kernels on strided
+channels-last layers, whose backward those left far behind cuDNN's (docs/notes.md, "TMA"). Stride-1 layers run
+their dx as a forward.
 """
 import torch
 import triton

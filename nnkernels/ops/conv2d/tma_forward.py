@@ -5,10 +5,8 @@ box of the output, [BOX_B images, BOX_H rows, BOX_W columns], and its x tile for
 of the channels-last input shifted by the tap: one box of a 4-D tensor descriptor, copied by the TMA,
 whose zero fill outside the tensor is the convolution's zero padding (a box starting at row -1 reads
 zeros there) and also covers the ragged last boxes. The weight tile is a box of a 2-D descriptor.
-Measured on the H200 (2026-12, B32, kernel alone, best config each; the two kernels in two calls on one machine):
-ResNet-50's 512-channel 7x7 layer 56.3 -> 48.5 µs in TF32 and 34.1 -> 31.4 in bf16, the 256-channel 14x14
-layer 52.8 -> 50.0 and 30.5 -> 29.7; on 28x28 and 56x56 planes the pointer kernel stayed faster with TF32
-(52.5 against 55.6 µs at 128@28), not with TF32 off.
+It beats the pointer kernel on 14x14 and 7x7 planes; on 28x28 and 56x56 planes the pointer kernel stays
+faster in TF32 (docs/notes.md, "TMA").
 
 With a stride s (dividing the planes), x is viewed as [B, H/s, s, W/s, s*C_IN]: input row oh*s + dh is row
 oh + floor(dh/s) of phase dh mod s, and likewise for columns, whose phase picks which C_IN-run of the last axis a

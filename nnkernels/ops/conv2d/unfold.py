@@ -1,8 +1,8 @@
 """A convolution's input taps laid out as planes, and their adjoint: `Unfold2d` (im2col) and `Fold2d`.
 
 With few input channels (the 3-channel RGB stem) the implicit-GEMM kernels' reduced or output
-channel tile is mostly padding, and their dx gathers every tap's dy tile for 3 useful products:
-on the H200 the stem's (B32 3->64 7x7 s2 @224) dx took 403 µs in bf16 and its dw 215 µs. Unfolded,
+channel tile is mostly padding, and their dx gathers every tap's dy tile for 3 useful products,
+which made the stem's backward slow (docs/notes.md, "Convolution: implicit-GEMM tiling"). Unfolded,
 the convolution is a 1x1 product over R = C_IN*KH*KW rows:
     forward:  y[b] = w[C_OUT, R] @ unfold(x)[b]
     dw:       dw[C_OUT, R] = sum over b of dy[b] @ unfold(x)[b]^T
@@ -10,11 +10,11 @@ the convolution is a 1x1 product over R = C_IN*KH*KW rows:
 where unfold(x)[b, (c, kh, kw), oh, ow] = x[b, c, oh*S_H - P_H + kh*D_H, ow*S_W - P_W + kw*D_W]
 (0 outside the image) and fold is its adjoint: each input pixel sums the columns of the taps
 that read it. The products run on the 1x1 kernels of conv2d_pointwise.py; dx's columns are fp32,
-so the sums round once. nnkernels.conv2d runs the stem's backward this way (B32 bf16 on the H200:
-655 -> 326 µs); its forward stays on the implicit GEMM, which was faster. Laid out rows-outer
-([C*KH*KW, B, OH, OW], with dy as [C_OUT, B, OH, OW]), dw is one product over all B*OH*OW pixels:
-nnkernels.conv2d takes that for fp32 weight gradients of small planes (ResNet-50's 7x7 layer, TF32 on
-the H200: backward 194 -> 157 µs).
+so the sums round once. nnkernels.conv2d runs the stem's backward this way; its forward stays on the
+implicit GEMM, which was faster. Laid out rows-outer ([C*KH*KW, B, OH, OW], with dy as
+[C_OUT, B, OH, OW]), dw is one product over all B*OH*OW pixels: nnkernels.conv2d takes that for fp32
+weight gradients of small planes such as ResNet-50's 7x7 layers, where it was faster (docs/notes.md,
+"fp32 on tensor cores: tf32x3, bf16x3, rounding").
 """
 import torch
 import triton
@@ -25,9 +25,9 @@ from ..common.checks import check_grid_3d, check_numel, check_output_size
 from ..common.host_math import cdiv, next_power_of_2
 
 # Elements per program compiled: 2048 per tap (unfold: copies, KW taps of a row) and 1024 (fold: fp32 sums
-# of up to KH*KW loads; on the H200 the stem's fold took 128 µs in 2048-element tiles, 1.27 waves of
-# programs, 77 µs in these), 16 and 8 per thread at 4 warps. The interpreter, whose cost is per program
-# and per operation, takes 2**16.
+# of up to KH*KW loads; smaller tiles leave less of the stem's fold to a part-filled last wave, docs/notes.md
+# "Convolution: implicit-GEMM tiling"), 16 and 8 per thread at 4 warps. The interpreter, whose cost is per
+# program and per operation, takes 2**16.
 UNFOLD_TILE_ELEMENTS = 2**16 if INTERPRETED else 2048
 FOLD_TILE_ELEMENTS = 2**16 if INTERPRETED else 1024
 
@@ -41,8 +41,8 @@ def _plane_tile(rows, cols, elements):
 
 def unfold_tiles(out_height, out_width):
     """(BLOCK_B, BLOCK_OH, BLOCK_OW) of an `Unfold2d` launch: a plane tile, and as many images as fill the
-    program when the plane is small (on the H200, ResNet-50's 7x7 planes in one-image programs of 8x8
-    tiles wrote their fp32 columns at 0.7 TB/s)."""
+    program when the plane is small (one-image programs of 8x8 tiles wrote the fp32 columns of ResNet-50's
+    7x7 planes far below the copy rate; docs/notes.md, "fp32 on tensor cores: tf32x3, bf16x3, rounding")."""
     block_oh, block_ow = _plane_tile(out_height, out_width, UNFOLD_TILE_ELEMENTS)
     return UNFOLD_TILE_ELEMENTS // (block_oh * block_ow), block_oh, block_ow
 
@@ -100,8 +100,8 @@ def unfold2d(
             = x[b*C + c, oh*STRIDE_H - PAD_H + kh*DIL_H, ow*STRIDE_W - PAD_W + kw*DIL_W],
     0 where that pixel lies in the padding. The KW taps of a row read the same x rows, from L1 after the
     first. With STRIDE_W = 2 each tap loads the window of 2*BLOCK_OW consecutive pixels and keeps the
-    even ones (`tl.split`): on the H200 element loads 2 apart wrote the stem's bf16 columns at 0.5 TB/s,
-    this kernel at 2.2 TB/s (50 µs). Every element of `columns` is written, bit for bit.
+    even ones (`tl.split`), because element loads 2 apart wrote the columns several times slower
+    (docs/notes.md, "Convolution: implicit-GEMM tiling"). Every element of `columns` is written, bit for bit.
     """
     batch = PLANES // CHANNELS
     kh = tl.program_id(0) % KH

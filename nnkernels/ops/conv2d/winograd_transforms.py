@@ -213,8 +213,8 @@ def conv2d_winograd_output(m, bias, y, B, C, H, W, HAS_BIAS: tl.constexpr, BLOCK
     writes, for p, q < 2 inside the plane,
         y[b, c, 2ty + p, 2tx + q] = sum over r, s of A^T[p, r] * m[4r + s, c, t] * A^T[q, s]  (+ bias[c])
     accumulated in fp32, rounded once. Each output row's two values per tile are interleaved into one store,
-    so that neighbouring lanes write neighbouring addresses: on the H200 (B32 C128 28x28, fp32) 25.1 µs
-    against 39.4 for four stores two elements apart. Every element of y is written.
+    so that neighbouring lanes write neighbouring addresses: stores two elements apart were far slower
+    (docs/notes.md, "Winograd F(2x2, 3x3), full fp32"). Every element of y is written.
     """
     TH = (H + 1) // 2
     TW = (W + 1) // 2
