@@ -27,22 +27,21 @@ def remove(compiling):
 def claim(*jobs):
     """Before this process builds the kernels of `jobs` ((layer shape, part) pairs, as `parallel_compile.job_order`
     names them) itself: take each from the background queues, or wait while a worker compiles it."""
-    if not _running:
-        return
-    with _lock:
-        running = list(_running)
-    for compiling in running:
-        for job in jobs:
-            compiling.claim(job)
+    _each("claim", jobs)
 
 
 def drop(*jobs):
     """`jobs` that this process's step will not run (a convolution's dx where its input takes no gradient): a queued
     one leaves the background queues, compiled by no one; one a worker holds is left to finish, not waited for."""
+    _each("drop", jobs)
+
+
+def _each(method: str, jobs):
+    """`compiling.<method>(job)` for every job and every running `Precompiling`."""
     if not _running:
         return
     with _lock:
         running = list(_running)
     for compiling in running:
         for job in jobs:
-            compiling.drop(job)
+            getattr(compiling, method)(job)
