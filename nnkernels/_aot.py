@@ -32,7 +32,7 @@ def _spec(kernel) -> tuple:
 
 
 # Each child holds torch and Triton (some hundreds of MB). On a 16-CPU machine a cold first step was faster with
-# 15 of them than with 8 (docs/notes.md, "The first step").
+# 11 of them than with 8 (docs/notes.md, "The first step").
 MOST_JOBS = 16
 
 
