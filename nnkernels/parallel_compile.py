@@ -52,7 +52,8 @@ def _compile_conv(shape: ConvShape, part: str, dtype: torch.dtype, device: str):
     # A channels-last output mostly means a model moved to channels_last, whose weights are channels-last too.
     weight = weight.contiguous(memory_format=torch.channels_last) if shape.channels_last else weight
     precompile(x, weight, shape.stride, shape.padding, shape.dilation, shape.groups, shape.bias,
-               forward=part == "forward", backward=part != "forward", backward_passes=(part,))
+               forward=part == "forward", backward=part != "forward",
+               backward_passes=() if part == "forward" else (part,))
 
 
 def _compile_batch_norm(shape: BatchNormShape, part: str, dtype: torch.dtype, device: str):

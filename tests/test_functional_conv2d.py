@@ -260,6 +260,8 @@ def test_precompile_of_one_backward_pass_launches_that_pass_alone(monkeypatch):
     assert dw and dx and dw | dx == backward
     assert not {k.split("__")[0] for k in dw} & {k.split("__")[0] for k in dx if "copy" not in k}
     assert not (dw | dx) & (forward - backward)
+    with pytest.raises(ValueError, match="backward_passes"):
+        precompile(x, w, padding=1, backward_passes=("dz",))
 
 
 def test_precompile_launches_only_a_remembered_choice(gpu_lists, monkeypatch):

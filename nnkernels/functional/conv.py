@@ -596,6 +596,8 @@ def precompile(x, weight, stride=1, padding=0, dilation=1, groups=1, bias=False,
     of compiling. A channels-last x or weight compiles the channels-last choices, as `conv2d` would run them."""
     from .. import tuning
 
+    if not set(backward_passes) <= {"dx", "dw"}:
+        raise ValueError(f"backward_passes: expected passes among 'dx' and 'dw', got {backward_passes!r}")
     count = None if full else tuning.QUICK_CANDIDATES
 
     def choices(pass_):
